@@ -6,6 +6,7 @@ from minillm.loader import ModelLoadError, encode_chat, load_tokenizer
 from minillm.model import ContiguousKVCache, cached_generate, causal_attention, load_model
 from minillm.naive import collect
 from minillm.sampling import SamplingParams
+from helpers import hf_greedy
 
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
@@ -41,7 +42,7 @@ def test_random_models_match_transformers(tmp_path, family, tokenizer):
     assert (forward_logits(ours, ids) - ref).abs().max() < 1e-4
     # greedy generation with the cache: prefill, then one token at a time
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    ref_tokens = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=30, min_new_tokens=30)[0, 40:].tolist()
+    ref_tokens = hf_greedy(hf, ids, 30)
     assert collect(cached_generate(ours, tokenizer, ids, params)).token_ids == ref_tokens  # any tokenizer decodes ids < 256
 
 def test_default_model_logits(model_dir, hf_model, tokenizer):
@@ -55,8 +56,7 @@ def test_default_model_greedy_equals_transformers(model_dir, hf_model, tokenizer
     ours = load_model(model_dir)
     ids = tokenizer(prompt).input_ids if prompt else encode_chat(tokenizer, [{"role": "user", "content": "Name three colors."}])
     out = collect(cached_generate(ours, tokenizer, ids, SamplingParams(temperature=0, max_tokens=24), eos_ids))
-    ref = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24, eos_token_id=eos_ids,
-                            pad_token_id=eos_ids[0])[0, len(ids):].tolist()
+    ref = hf_greedy(hf_model, ids, 24, eos_ids)
     assert out.token_ids == ref
 
 def test_batched_cache_matches_single(model_dir):

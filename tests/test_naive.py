@@ -3,6 +3,7 @@ import pytest, torch
 from minillm.loader import encode_chat
 from minillm.naive import generate
 from minillm.sampling import SamplingParams
+from helpers import hf_greedy
 
 PLAIN = ["The quick brown fox", "def fibonacci(n):", "1, 2, 3, 4,"]
 CHAT = ["What is the capital of France?", "Write a haiku about the sea."]
@@ -14,8 +15,7 @@ def prompts(tokenizer):
 def test_greedy_equals_transformers(hf_model, tokenizer, eos_ids):
     for ids in prompts(tokenizer):
         ours = generate(hf_model, tokenizer, ids, SamplingParams(temperature=0, max_tokens=20), eos_ids)
-        ref = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
-                                eos_token_id=eos_ids, pad_token_id=eos_ids[0])[0, len(ids):].tolist()
+        ref = hf_greedy(hf_model, ids, 20, eos_ids)
         assert ours.token_ids == ref, tokenizer.decode(ids)
         assert ours.finish_reason == ("stop" if ref[-1] in eos_ids else "length")
 
