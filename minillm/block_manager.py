@@ -126,9 +126,8 @@ def cache_blocks(self: BlockManager, seq: Sequence):
             self.hash_to_block[h] = blk.block_id
 
 def free(self: BlockManager, seq: Sequence):
-    "Release all of `seq`'s blocks (tail first) and reset its cache state."
+    "Release all of `seq`'s blocks (tail first); none of its tokens is computed any more."
     for block_id in reversed(seq.block_table): self._release(block_id)
-    seq.block_table, seq.block_hashes = [], []
-    seq.num_computed_tokens = seq.num_cached_tokens = 0
+    seq.block_table, seq.block_hashes, seq.num_computed_tokens = [], [], 0
 
 for f in (match_prefix, can_allocate, allocate, cache_blocks, free): setattr(BlockManager, f.__name__, f)

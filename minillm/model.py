@@ -7,7 +7,7 @@ Docs: https://minillm.github.io/minillm/kv_cache.html.md"""
 # %% auto #0
 __all__ = ['PACKED', 'N_PIECES', 'IGNORED', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'RotaryEmbedding', 'Attention', 'MLP',
            'DecoderLayer', 'DecoderModel', 'CausalLM', 'load_weights', 'load_model', 'causal_attention',
-           'ContiguousKVCache', 'cached_generate', 'kv_cache_bytes_per_token']
+           'no_cache_attention', 'ContiguousKVCache', 'cached_generate', 'kv_cache_bytes_per_token']
 
 # %% ../nbs/02_kv_cache.ipynb #575c5676
 import math
@@ -216,6 +216,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask, enable_gqa=True)
     return out.transpose(1, 2)
+
+# %% ../nbs/02_kv_cache.ipynb #b20511d1
+def no_cache_attention(layer: int, q, k, v) -> torch.Tensor:
+    "Attention callable for one sequence's tokens in one forward pass, with nothing cached."
+    return causal_attention(q[None], k[None], v[None], 0)[0]
 
 # %% ../nbs/02_kv_cache.ipynb #b227af4e
 class ContiguousKVCache:

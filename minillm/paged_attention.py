@@ -6,7 +6,7 @@ Docs: https://minillm.github.io/minillm/paged_attention.html.md"""
 
 # %% auto #0
 __all__ = ['PagedKVCache', 'AttentionMetadata', 'gather_kv', 'paged_attention_torch', 'PagedAttention', 'FlatBatch',
-           'build_flat_batch', 'forward_flat']
+           'build_flat_batch', 'forward_flat', 'advance']
 
 # %% ../nbs/04b_paged_attention.ipynb #cbb0f718
 from dataclasses import dataclass
@@ -115,10 +115,14 @@ def build_flat_batch(seqs: list[Sequence], num_new_tokens: list[int], block_size
 
 # %% ../nbs/04b_paged_attention.ipynb #44c662b1
 @torch.no_grad()
-def forward_flat(model, cache: PagedKVCache, seqs: list[Sequence], num_new_tokens: list[int]) -> torch.Tensor:
-    "Run `model` over a flat batch of the sequences' next tokens (blocks already allocated); logits [S, V]."
-    device = cache.k.device
-    batch = build_flat_batch(seqs, num_new_tokens, cache.block_size, device)
-    hidden = model(batch.input_ids, batch.positions, PagedAttention(cache, batch.metadata))
-    for seq, n in zip(seqs, num_new_tokens): seq.num_computed_tokens += n
+def forward_flat(model, cache: PagedKVCache, seqs: list[Sequence], num_new_tokens: list[int],
+                 backend=paged_attention_torch) -> torch.Tensor:
+    """Run `model` over a flat batch of the sequences' next tokens (blocks already allocated) and return
+    the logits [S, V] at each sequence's last new token. The caller advances `num_computed_tokens`."""
+    batch = build_flat_batch(seqs, num_new_tokens, cache.block_size, cache.k.device)
+    hidden = model(batch.input_ids, batch.positions, PagedAttention(cache, batch.metadata, backend))
     return model.compute_logits(hidden[batch.logits_indices])
+
+def advance(seqs: list[Sequence], num_new_tokens: list[int]):
+    "Mark the tokens of a finished forward pass as computed."
+    for seq, n in zip(seqs, num_new_tokens): seq.num_computed_tokens += n

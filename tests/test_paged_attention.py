@@ -3,7 +3,7 @@ import collections, pytest, torch
 from minillm.block_manager import BlockManager, Sequence
 from minillm.loader import encode_chat
 from minillm.model import causal_attention, load_model
-from minillm.paged_attention import PagedAttention, PagedKVCache, build_flat_batch, forward_flat
+from minillm.paged_attention import PagedAttention, PagedKVCache, advance, build_flat_batch, forward_flat
 from helpers import hf_greedy
 
 def random_batch(cases, H, Hkv, D, block_size, seed=0):
@@ -68,11 +68,12 @@ def test_model_on_paged_cache_equals_transformers(model_dir, tokenizer, hf_model
         hits = [bm.match_prefix(s) for s in seqs]
         assert (sum(hits) > 0) == (round_ == 1)
         for s in seqs: bm.allocate(s, len(s) - s.num_computed_tokens)
-        logits = forward_flat(model, cache, seqs, [len(s) - s.num_computed_tokens for s in seqs])
+        new = [len(s) - s.num_computed_tokens for s in seqs]
+        logits = forward_flat(model, cache, seqs, new); advance(seqs, new)
         for _ in range(9):
             for s, t in zip(seqs, logits.argmax(-1).tolist()):
                 s.token_ids.append(t); bm.cache_blocks(s); bm.allocate(s, 1)
-            logits = forward_flat(model, cache, seqs, [1] * len(seqs))
+            logits = forward_flat(model, cache, seqs, [1] * len(seqs)); advance(seqs, [1] * len(seqs))
         for s, t in zip(seqs, logits.argmax(-1).tolist()): s.token_ids.append(t)
         assert [s.token_ids[len(p):] for s, p in zip(seqs, prompts)] == refs
         for s in seqs: bm.cache_blocks(s); bm.free(s)
