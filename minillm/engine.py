@@ -64,10 +64,16 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    metrics: RequestLatency | None = None
+    arrival_time: float = 0.0
+    token_times: list[float] = field(default_factory=list)   # the request's own list: no copy per step
     num_cached_tokens: int = 0
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> RequestLatency | None:
+        "TTFT, TPOT, inter-token latencies and end-to-end time (computed when asked, not every step)."
+        return RequestLatency.from_times(self.arrival_time, self.token_times) if self.token_times else None
 
     @property
     def text(self) -> str: return self.outputs[0].text
@@ -79,11 +85,10 @@ class RequestOutput:
 def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestOutput:
     "The output of `req` as it stands."
     stream = req.stream
-    metrics = RequestLatency.from_times(req.arrival_time, req.token_times) if req.token_times else None
     done = CompletionOutput(0, stream.text if req.finished else stream.text[:stream.sent], list(req.output_ids),
                             req.finish_reason, stream.stop_reason)
     return RequestOutput(req.request_id, getattr(req, "prompt", None), req.token_ids[:req.prompt_len], [done],
-                         req.finished, metrics, req.num_cached_tokens, delta_text, list(delta_ids))
+                         req.finished, req.arrival_time, req.token_times, req.num_cached_tokens, delta_text, list(delta_ids))
 
 # %% ../nbs/07b_engine.ipynb #9751597c
 def model_name(model: str | None) -> str:

@@ -182,8 +182,9 @@ class ServerMetrics:
         if outputs: self.batch.observe(len(outputs))
         for o in outputs:
             self.generation_tokens.inc(len(o.delta_token_ids))
-            if len(o.token_ids) == 1: self.ttft.observe(o.metrics.ttft); self.prompt_tokens.inc(len(o.prompt_token_ids))
-            elif o.metrics.itl: self.itl.observe(o.metrics.itl[-1])
+            times = o.token_times
+            if len(times) == 1: self.ttft.observe(times[0] - o.arrival_time); self.prompt_tokens.inc(len(o.prompt_token_ids))
+            else: self.itl.observe(times[-1] - times[-2])
             if o.finished: self.finished.labels(o.finish_reason).inc()
 
 # %% ../nbs/09_serving.ipynb #c978ac15
