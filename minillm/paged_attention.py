@@ -40,8 +40,12 @@ class AttentionMetadata:
     context_lens: torch.Tensor    # [S] int: cached + new tokens per sequence
     block_tables: torch.Tensor    # [S, max_blocks] int, padded with 0
     slot_mapping: torch.Tensor    # [T] long
-    query_lens: list[int]         # host copies, for Python-side loops and bounds
+    query_lens: list[int]         # host copies, made once per batch for Python-side loops and bounds
     context_lens_list: list[int]
+    query_starts: list[int]
+
+    @property
+    def decode_seqs(self) -> list[int]: return [s for s, n in enumerate(self.query_lens) if n == 1]
 
 def gather_kv(cache: PagedKVCache, layer: int, block_table: torch.Tensor, length: int):
     "K and V [length, kv_heads, head_dim] of one sequence, read through its block table."
@@ -53,8 +57,7 @@ def gather_kv(cache: PagedKVCache, layer: int, block_table: torch.Tensor, length
 def paged_attention_torch(cache: PagedKVCache, layer: int, q: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
     "Attention of a flat batch q [T, H, D] over the paged cache (new K/V already written): [T, H, D]."
     out = torch.empty_like(q)
-    starts = md.cu_seqlens_q.tolist()
-    decodes = [s for s, n in enumerate(md.query_lens) if n == 1]
+    starts, decodes = md.query_starts, md.decode_seqs   # host lists: no device sync per layer
     for s, n in enumerate(md.query_lens):
         if n == 1 and len(decodes) > 1: continue
         k, v = gather_kv(cache, layer, md.block_tables[s], md.context_lens_list[s])
@@ -109,7 +112,7 @@ def build_flat_batch(seqs: list[Sequence], num_new_tokens: list[int], block_size
     md = AttentionMetadata(cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
                            context_lens=torch.tensor(ctx, dtype=torch.int32, device=device),
                            block_tables=tables.to(device), slot_mapping=torch.cat(slots).to(device),
-                           query_lens=list(num_new_tokens), context_lens_list=ctx)
+                           query_lens=list(num_new_tokens), context_lens_list=ctx, query_starts=cu[:-1])
     return FlatBatch(torch.tensor(ids, device=device), torch.cat(positions).to(device), md,
                      torch.tensor(cu[1:], device=device) - 1)
 
