@@ -1,4 +1,6 @@
-import pytest, torch
+import os, pytest, torch
+# Chapter 8's Triton kernels run on CPU tensors only in the interpreter; it must be chosen before triton is imported.
+if not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
 from minillm.loader import resolve_model_path, load_tokenizer, load_hf_model, eos_token_ids
 
 @pytest.fixture(scope="session")

@@ -1,31 +1,10 @@
 "Paged attention against contiguous attention, and the model on a paged cache against transformers."
-import collections, pytest, torch
+import pytest, torch
 from minillm.block_manager import BlockManager, Sequence
 from minillm.loader import encode_chat
 from minillm.model import causal_attention, load_model
 from minillm.paged_attention import PagedAttention, PagedKVCache, advance, build_flat_batch, forward_flat
-from helpers import hf_greedy
-
-def random_batch(cases, H, Hkv, D, block_size, seed=0):
-    "Sequences with `cached` tokens already in a shuffled paged pool and `new` tokens to attend."
-    g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-(c + n) // block_size) for c, n in cases) + 3
-    pool, bm = PagedKVCache(1, num_blocks, block_size, Hkv, D), BlockManager(num_blocks, block_size)
-    bm.empty = collections.deque(torch.randperm(num_blocks, generator=g).tolist())
-    seqs, full = [], []
-    for i, (cached, new) in enumerate(cases):
-        seq = Sequence(i, [0] * (cached + new)); bm.allocate(seq, cached + new)
-        k, v = torch.randn(cached + new, Hkv, D, generator=g), torch.randn(cached + new, Hkv, D, generator=g)
-        if cached:
-            pos = torch.arange(cached)
-            pool.write(0, k[:cached], v[:cached], torch.tensor(seq.block_table)[pos // block_size] * block_size + pos % block_size)
-        seq.num_computed_tokens = cached
-        seqs.append(seq); full.append((k, v))
-    batch = build_flat_batch(seqs, [n for _, n in cases], block_size)
-    q = torch.randn(len(batch.input_ids), H, D, generator=g)
-    new_k = torch.cat([k[c:] for (k, _), (c, _) in zip(full, cases)])
-    new_v = torch.cat([v[c:] for (_, v), (c, _) in zip(full, cases)])
-    return pool, batch, q, new_k, new_v, full
+from helpers import hf_greedy, random_batch
 
 @pytest.mark.parametrize("cases", [
     [(0, 37), (45, 20), (64, 1)],                 # prefill, chunk after a cached prefix, one decode

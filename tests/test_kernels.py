@@ -1,0 +1,92 @@
+"""Chapter 8's Triton kernels against chapter 4's torch reference: on CPU under TRITON_INTERPRET=1 (set by
+conftest.py), on a GPU as compiled kernels. Shapes are small so the interpreter stays fast."""
+import pytest, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from minillm import LLM, SamplingParams
+from minillm.kernels import TRITON_ATTENTION, plan_triton_attention, paged_attention_triton, store_kv
+from minillm.paged_attention import PagedAttention, PagedKVCache, TORCH_ATTENTION
+from helpers import hf_greedy, random_batch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+def lengths_around(block_size): return [1, block_size - 1, block_size, block_size + 1, 300]
+
+def compare(cases, H, Hkv, D, block_size, dtype=torch.float32, num_splits=None):
+    "Triton and torch attention over the same pool; the reference runs in float32 on the same (rounded) values."
+    pool, batch, q, k, v, _ = random_batch(cases, H, Hkv, D, block_size, dtype=dtype)
+    md = batch.metadata
+    ref_pool = PagedKVCache(1, pool.k.shape[1], block_size, Hkv, D)
+    ref_pool.k.copy_(pool.k); ref_pool.v.copy_(pool.v)
+    expected = PagedAttention(ref_pool, md)(0, q.float(), k.float(), v.float())
+    if DEVICE == "cuda":
+        pool.k, pool.v, q, k, v = (x.cuda() for x in (pool.k, pool.v, q, k, v))
+        md = type(md)(**{f: (x.cuda() if torch.is_tensor(x) else x) for f, x in vars(md).items()})
+    store_kv(pool, 0, k, v, md.slot_mapping)
+    out = paged_attention_triton(pool, 0, q, plan_triton_attention(pool, md, num_splits))
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float().cpu(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+SHAPES = [(D, group, bs) for D in (64, 128) for group in (1, 3, 4, 8) for bs in (16, 32)]
+
+@pytest.mark.parametrize("D,group,block_size", SHAPES)
+def test_decode(D, group, block_size):
+    "Every context length around a block boundary, with and without split-K."
+    cases = [(n - 1, 1) for n in lengths_around(block_size)]
+    for num_splits in (1, 4):
+        compare(cases, 2 * group, 2, D, block_size, num_splits=num_splits)
+
+@pytest.mark.parametrize("D,group,block_size", SHAPES)
+def test_prefill_with_cached_prefix(D, group, block_size):
+    "Fresh prompts of every length, and chunks after a cached prefix that ends on, before and after a boundary."
+    fresh = [(0, n) for n in lengths_around(block_size)]
+    chunks = [(block_size - 1, 2), (block_size, block_size + 1), (block_size + 1, 70), (130, 5)]
+    compare(fresh[1:] + chunks, 2 * group, 2, D, block_size)   # length 1 is a decode: above
+
+def test_mixed_batch_decodes_and_chunks():
+    compare([(0, 37), (45, 20), (64, 1), (15, 1), (0, 1), (31, 33)], 8, 2, 64, 16)
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    compare([(0, 40), (17, 1), (100, 1), (33, 12)], 8, 2, 64, 16, dtype=dtype)
+    compare([(n - 1, 1) for n in (1, 16, 17, 300)], 4, 1, 128, 32, dtype=dtype, num_splits=2)
+
+def test_store_kv_skips_negative_slots_and_accepts_qkv_slices():
+    ref, pool = PagedKVCache(1, 4, 16, 2, 64), PagedKVCache(1, 4, 16, 2, 64)
+    qkv = torch.randn(6, 3 * 128)   # k and v as column slices of a fused projection, as the model makes them
+    k, v = qkv[:, 128:256].view(6, 2, 64), qkv[:, 256:].view(6, 2, 64)
+    slots = torch.tensor([3, 17, -1, 40, 63, -1])
+    ref.write(0, k[slots >= 0], v[slots >= 0], slots[slots >= 0])
+    store_kv(pool, 0, k, v, slots)
+    assert torch.equal(pool.k, ref.k) and torch.equal(pool.v, ref.v)
+
+def test_bad_head_dim_is_a_clear_error():
+    pool = PagedKVCache(1, 4, 16, 1, 48)
+    _, batch, q, k, v, _ = random_batch([(0, 3)], 2, 1, 48, 16)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        PagedAttention(pool, batch.metadata, TRITON_ATTENTION)(0, q, k, v)
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory, tokenizer):
+    "A small randomly initialised Llama (GQA 4:2, head_dim 32) with the default model's tokenizer."
+    path = tmp_path_factory.mktemp("random-llama")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+    hf = LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(path); tokenizer.save_pretrained(path)
+    return path, hf
+
+def test_engine_with_triton_backend_equals_transformers(random_llama):
+    "Chunked prefill, prefix-cache hits and batched decode, all through the kernels, give transformers' tokens."
+    path, hf = random_llama
+    llm = LLM(str(path), attention_backend="triton", max_num_batched_tokens=48, num_kv_blocks=64, device=DEVICE)
+    assert llm.engine.config.attention_backend == "triton"
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(100, 5000, (40,), generator=g).tolist()
+    prompts = [shared + torch.randint(100, 5000, (n,), generator=g).tolist() for n in (3, 30, 70)] + [shared[:17]]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for _ in range(2):   # the second round hits the prefix cache
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
+        assert llm.engine.block_manager.num_free_blocks == 64
