@@ -39,6 +39,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9     # CUDA: share of device memory for weights, activations and KV
     max_model_len: int | None = None        # default: the model's max_position_embeddings
     attention_backend: str = "auto"         # "auto", "torch" or "triton"
+    enforce_eager: bool = False             # CUDA: never replay decode steps from CUDA graphs (chapter 8b)
     seed: int = 0                           # seeds the RNG of requests that have no seed of their own
 
     def resolved(self) -> "EngineConfig":
@@ -113,8 +114,11 @@ class LLMEngine:
         mcfg = self.model.config
         self.max_model_len = min(cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
         num_blocks = cfg.num_kv_blocks or self._size_kv_pool(device, dtype)
-        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cfg.attention_backend)
-        self.config = dataclasses.replace(cfg, num_kv_blocks=num_blocks, attention_backend=self.runner.attention_backend)
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cfg.attention_backend,
+                                  cuda_graph_max_batch=0 if cfg.enforce_eager else cfg.max_num_seqs,
+                                  max_model_len=self.max_model_len)
+        self.config = dataclasses.replace(cfg, num_kv_blocks=num_blocks, attention_backend=self.runner.attention_backend,
+                                          enforce_eager=self.runner.graphs is None)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_chunked_prefill)
         self.requests: dict[str, Request] = {}

@@ -7,7 +7,8 @@ Docs: https://minillm.github.io/minillm/triton_kernel.html.md"""
 # %% auto #0
 __all__ = ['DECODE_BLOCK_N', 'PREFILL_BLOCK_M', 'PREFILL_BLOCK_N', 'TRITON_ATTENTION', 'store_kv', 'paged_decode_attention',
            'decode_partials', 'choose_num_splits', 'prefill_tiles', 'paged_prefill_attention', 'TritonPlan',
-           'plan_triton_attention', 'paged_attention_triton']
+           'plan_triton_attention', 'paged_attention_triton', 'decode_attention_bytes', 'device_bandwidth',
+           'benchmark_decode']
 
 # %% ../nbs/08_triton_kernel.ipynb #d54a385d
 import math, os
@@ -255,3 +256,59 @@ def paged_attention_triton(cache: PagedKVCache, layer: int, q: torch.Tensor, pla
 
 # %% ../nbs/08_triton_kernel.ipynb #62222281
 TRITON_ATTENTION = AttentionBackend(write=store_kv, attend=paged_attention_triton, prepare=plan_triton_attention)
+
+# %% ../nbs/08_triton_kernel.ipynb #6f1aef97
+def decode_attention_bytes(num_seqs: int, context_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                           bytes_per_element: int = 2) -> int:
+    "Bytes one layer's decode attention must move: every K and V of every context, plus queries and outputs."
+    return bytes_per_element * num_seqs * head_dim * (2 * context_len * num_kv_heads + 2 * num_heads)
+
+# %% ../nbs/08_triton_kernel.ipynb #acbd9bc5
+def device_bandwidth(nbytes: int = 2**30) -> float:
+    "Measured device memory bandwidth in bytes/s: a large copy reads and writes `nbytes` each."
+    from triton.testing import do_bench
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
+    return 2 * nbytes / (do_bench(lambda: dst.copy_(src)) * 1e-3)
+
+def _decode_case(B, L, H, Hkv, D, block_size, dtype):
+    "A decode batch of B sequences of L tokens in a shuffled pool on the GPU."
+    per_seq = -(-L // block_size)
+    pool = PagedKVCache(1, B * per_seq, block_size, Hkv, D, dtype, "cuda")
+    pool.k.normal_(); pool.v.normal_()
+    tables = torch.randperm(B * per_seq, device="cuda").view(B, per_seq).int()
+    md = AttentionMetadata(cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device="cuda"),
+                           context_lens=torch.full((B,), L, dtype=torch.int32, device="cuda"), block_tables=tables,
+                           slot_mapping=torch.empty(0, dtype=torch.long, device="cuda"), query_lens=[1] * B,
+                           context_lens_list=[L] * B, query_starts=list(range(B)))
+    return pool, md, torch.randn(B, H, D, dtype=dtype, device="cuda")
+
+def benchmark_decode(batch_sizes=(1, 8, 64, 256), context_lens=(512, 2048, 8192), num_heads=16, num_kv_heads=8,
+                     head_dim=128, block_size=16, dtype=torch.bfloat16) -> list[dict] | None:
+    "Decode attention kernel time (µs) and achieved bandwidth on a GPU: triton, torch reference, flash-attn."
+    if not torch.cuda.is_available():
+        print("benchmark_decode skipped: no CUDA device (the Triton interpreter measures nothing about speed)")
+        return None
+    from triton.testing import do_bench
+    from minillm.paged_attention import paged_attention_torch
+    try: from flash_attn import flash_attn_with_kvcache
+    except ImportError: flash_attn_with_kvcache = None
+    bandwidth, rows = device_bandwidth(), []
+    print(f"{torch.cuda.get_device_name()}: measured copy bandwidth {bandwidth / 1e9:.0f} GB/s; "
+          f"{num_heads} q / {num_kv_heads} kv heads, head_dim {head_dim}, {dtype}, block {block_size}")
+    for B in batch_sizes:
+        for L in context_lens:
+            pool, md, q = _decode_case(B, L, num_heads, num_kv_heads, head_dim, block_size, dtype)
+            plan = plan_triton_attention(pool, md)
+            nbytes = decode_attention_bytes(B, L, num_heads, num_kv_heads, head_dim, q.element_size())
+            row = dict(batch=B, context=L, splits=plan.num_splits, bound_us=nbytes / bandwidth * 1e6,
+                       triton_us=do_bench(lambda: paged_attention_triton(pool, 0, q, plan)) * 1e3,
+                       torch_us=do_bench(lambda: paged_attention_torch(pool, 0, q, md)) * 1e3)
+            if flash_attn_with_kvcache is not None:
+                fpool, fmd, _ = _decode_case(B, L, num_heads, num_kv_heads, head_dim, 256, dtype)
+                row["flash_attn_us"] = do_bench(lambda: flash_attn_with_kvcache(
+                    q[:, None], fpool.k[0], fpool.v[0], cache_seqlens=fmd.context_lens, block_table=fmd.block_tables)) * 1e3
+            row["triton_GBps"] = nbytes / row["triton_us"] * 1e-3
+            rows.append(row)
+            print("  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
+                  f" -> {row['bound_us'] / row['triton_us']:.0%} of the bound")
+    return rows

@@ -12,7 +12,7 @@ __all__ = ['triton_usable', 'resolve_attention_backend', 'load_attention_backend
 import importlib.util, os
 import torch
 from .model import CausalLM, kv_cache_bytes_per_token
-from .paged_attention import AttentionBackend, PagedKVCache, TORCH_ATTENTION, forward_flat
+from .paged_attention import AttentionBackend, PagedKVCache, TORCH_ATTENTION, build_flat_batch, run_flat_batch
 from .sampling import SamplingTensors, sample
 from .scheduler import SchedulerOutput
 
@@ -69,18 +69,26 @@ def num_kv_blocks_for_memory(cfg, block_size: int, dtype, device: torch.device, 
 # %% ../nbs/07a_model_runner.ipynb #4e9114ce
 class ModelRunner:
     "Owns the model and the KV pool; turns a SchedulerOutput into one sampled token per sampling request."
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, attention_backend: str = "auto"):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, attention_backend: str = "auto",
+                 cuda_graph_max_batch: int = 0, max_model_len: int | None = None):
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
         self.backend = load_attention_backend(self.attention_backend)
         self.cache = PagedKVCache.for_model(model.config, num_blocks, block_size, self.dtype, self.device)
+        self.graphs = None
+        if cuda_graph_max_batch and self.device.type == "cuda" and self.attention_backend == "triton":
+            from .cuda_graphs import CUDAGraphDecoder   # chapter 8b: decode steps replayed from captured graphs
+            self.graphs = CUDAGraphDecoder(model, self.cache, cuda_graph_max_batch,
+                                           max_model_len or model.config.max_position_embeddings)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[int | None]:
         "Run one iteration; return the sampled token of each scheduled request (None for an unfinished prompt chunk)."
         rows = [i for i, s in enumerate(out.samples) if s]
-        logits = forward_flat(self.model, self.cache, out.requests, out.num_tokens, self.backend)
+        batch = build_flat_batch(out.requests, out.num_tokens, self.cache.block_size, self.device)
+        if self.graphs is not None and self.graphs.can_run(batch): logits = self.graphs.run(batch)
+        else: logits = run_flat_batch(self.model, self.cache, batch, self.backend)
         result = [None] * len(out.requests)
         if rows:
             reqs = [out.requests[i] for i in rows]

@@ -6,7 +6,7 @@ Docs: https://minillm.github.io/minillm/paged_attention.html.md"""
 
 # %% auto #0
 __all__ = ['TORCH_ATTENTION', 'PagedKVCache', 'AttentionMetadata', 'gather_kv', 'paged_attention_torch', 'AttentionBackend',
-           'PagedAttention', 'FlatBatch', 'build_flat_batch', 'forward_flat', 'advance']
+           'PagedAttention', 'FlatBatch', 'build_flat_batch', 'forward_flat', 'run_flat_batch', 'advance']
 
 # %% ../nbs/04b_paged_attention.ipynb #cbb0f718
 from dataclasses import dataclass
@@ -133,7 +133,10 @@ def forward_flat(model, cache: PagedKVCache, seqs: list[Sequence], num_new_token
                  backend: AttentionBackend = TORCH_ATTENTION) -> torch.Tensor:
     """Run `model` over a flat batch of the sequences' next tokens (blocks already allocated) and return
     the logits [S, V] at each sequence's last new token. The caller advances `num_computed_tokens`."""
-    batch = build_flat_batch(seqs, num_new_tokens, cache.block_size, cache.k.device)
+    return run_flat_batch(model, cache, build_flat_batch(seqs, num_new_tokens, cache.block_size, cache.k.device), backend)
+
+def run_flat_batch(model, cache: PagedKVCache, batch: FlatBatch, backend: AttentionBackend = TORCH_ATTENTION) -> torch.Tensor:
+    "One forward pass over a built flat batch: the logits [S, V] at each sequence's last new token."
     hidden = model(batch.input_ids, batch.positions, PagedAttention(cache, batch.metadata, backend))
     return model.compute_logits(hidden[batch.logits_indices])
 

@@ -1,6 +1,7 @@
 import os, pytest, torch
 # Chapter 8's Triton kernels run on CPU tensors only in the interpreter; it must be chosen before triton is imported.
 if not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
+from transformers import LlamaConfig, LlamaForCausalLM
 from minillm.loader import resolve_model_path, load_tokenizer, load_hf_model, eos_token_ids
 
 @pytest.fixture(scope="session")
@@ -14,3 +15,14 @@ def hf_model(model_dir): return load_hf_model(model_dir, dtype=torch.float32)
 
 @pytest.fixture(scope="session")
 def eos_ids(model_dir, tokenizer): return eos_token_ids(model_dir, tokenizer)
+
+@pytest.fixture(scope="session")
+def random_llama(tmp_path_factory, tokenizer):
+    "A small randomly initialised Llama (GQA 4:2, head_dim 32) with the default model's tokenizer."
+    path = tmp_path_factory.mktemp("random-llama")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+    hf = LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(path); tokenizer.save_pretrained(path)
+    return path, hf

@@ -1,14 +1,13 @@
 """Chapter 8's Triton kernels against chapter 4's torch reference: on CPU under TRITON_INTERPRET=1 (set by
 conftest.py), on a GPU as compiled kernels. Shapes are small so the interpreter stays fast."""
 import pytest, torch
-from transformers import LlamaConfig, LlamaForCausalLM
 from minillm import LLM, SamplingParams
 from minillm.kernels import TRITON_ATTENTION, plan_triton_attention, paged_attention_triton, store_kv
 from minillm.paged_attention import PagedAttention, PagedKVCache, TORCH_ATTENTION
 from helpers import hf_greedy, random_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 def lengths_around(block_size): return [1, block_size - 1, block_size, block_size + 1, 300]
 
@@ -66,21 +65,10 @@ def test_bad_head_dim_is_a_clear_error():
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         PagedAttention(pool, batch.metadata, TRITON_ATTENTION)(0, q, k, v)
 
-@pytest.fixture(scope="module")
-def random_llama(tmp_path_factory, tokenizer):
-    "A small randomly initialised Llama (GQA 4:2, head_dim 32) with the default model's tokenizer."
-    path = tmp_path_factory.mktemp("random-llama")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
-    hf = LlamaForCausalLM(cfg).eval()
-    hf.save_pretrained(path); tokenizer.save_pretrained(path)
-    return path, hf
-
 def test_engine_with_triton_backend_equals_transformers(random_llama):
     "Chunked prefill, prefix-cache hits and batched decode, all through the kernels, give transformers' tokens."
     path, hf = random_llama
-    llm = LLM(str(path), attention_backend="triton", max_num_batched_tokens=48, num_kv_blocks=64, device=DEVICE)
+    llm = LLM(str(path), attention_backend="triton", max_num_batched_tokens=48, num_kv_blocks=64, device=DEVICE, dtype="float32")
     assert llm.engine.config.attention_backend == "triton"
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(100, 5000, (40,), generator=g).tolist()
@@ -90,3 +78,12 @@ def test_engine_with_triton_backend_equals_transformers(random_llama):
         outs = llm.generate(prompts, params, use_tqdm=False)
         assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
         assert llm.engine.block_manager.num_free_blocks == 64
+
+def test_backend_choice(monkeypatch):
+    from minillm.model_runner import resolve_attention_backend
+    cpu = torch.device("cpu")
+    assert resolve_attention_backend("auto", cpu) == "torch"
+    assert resolve_attention_backend("triton", cpu) == "triton"   # the interpreter is on in tests
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="needs the triton package and a CUDA device"): resolve_attention_backend("triton", cpu)
+    with pytest.raises(ValueError, match="choose 'auto', 'torch' or 'triton'"): resolve_attention_backend("flash", cpu)
