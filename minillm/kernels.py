@@ -40,6 +40,31 @@ def store_kv(cache: PagedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor, 
 
 # %% ../nbs/08_triton_kernel.ipynb #75938dee
 @triton.jit
+def _kv_tile(k_cache_ptr, v_cache_ptr, table, t, context_len, kv_head, NUM_KV_HEADS: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    "Positions, keys and values [BLOCK_N, HEAD_DIM] of the t-th key tile of one sequence, read through its block table."
+    pos = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = pos < context_len
+    block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    row = ((block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * HEAD_DIM   # one coalesced row per key
+    d = tl.arange(0, HEAD_DIM)
+    k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    if UPCAST: k, v = k.to(tl.float32), v.to(tl.float32)
+    return pos, k, v
+
+@triton.jit
+def _online_softmax_update(q, k, v, visible, m, l, acc, scale):
+    "Fold one key tile into each query row's running max `m`, sum `l` and output `acc` (the update above)."
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale     # [query rows, BLOCK_N]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, alpha * l + tl.sum(p, 1), alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+
+# %% ../nbs/08_triton_kernel.ipynb #7b3cb5da
+@triton.jit
 def _decode_kernel(q_ptr, q_stride_t, q_stride_h, out_ptr, out_stride_t, out_stride_h,
                    part_acc_ptr, part_m_ptr, part_l_ptr,
                    k_cache_ptr, v_cache_ptr, block_tables_ptr, block_tables_stride,
@@ -51,7 +76,7 @@ def _decode_kernel(q_ptr, q_stride_t, q_stride_h, out_ptr, out_stride_t, out_str
     seq = tl.load(seq_ids_ptr + i)
     row = tl.load(cu_seqlens_q_ptr + seq)          # the sequence's one query token in the flat batch
     context_len = tl.load(context_lens_ptr + seq)
-    g, d, n = tl.arange(0, GROUP_PAD), tl.arange(0, HEAD_DIM), tl.arange(0, BLOCK_N)
+    g, d = tl.arange(0, GROUP_PAD), tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g                    # the query heads that read this KV head
     q = tl.load(q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
                 mask=(g < GROUP)[:, None], other=0.0)
@@ -66,21 +91,9 @@ def _decode_kernel(q_ptr, q_stride_t, q_stride_h, out_ptr, out_stride_t, out_str
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     table = block_tables_ptr + seq * block_tables_stride
     for t in range(first, last):
-        pos = t * BLOCK_N + n
-        valid = pos < context_len
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        kv = ((block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * HEAD_DIM
-        k = tl.load(k_cache_ptr + kv[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        if UPCAST: k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale        # [GROUP_PAD, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = alpha * l + tl.sum(p, 1)
-        acc = alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m = m_new
+        pos, k, v = _kv_tile(k_cache_ptr, v_cache_ptr, table, t, context_len, kv_head,
+                             NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST)
+        m, l, acc = _online_softmax_update(q, k, v, (pos < context_len)[None, :], m, l, acc, scale)
 
     if NUM_SPLITS == 1:
         o = acc / tl.where(l > 0, l, 1.0)[:, None]  # l == 0: an empty context (a padding row)
@@ -170,7 +183,7 @@ def _prefill_kernel(q_ptr, q_stride_t, q_stride_h, out_ptr, out_stride_t, out_st
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     context_len = tl.load(context_lens_ptr + seq)
     prefix = context_len - q_len
-    r, d, n = first_row + tl.arange(0, BLOCK_M), tl.arange(0, HEAD_DIM), tl.arange(0, BLOCK_N)
+    r, d = first_row + tl.arange(0, BLOCK_M), tl.arange(0, HEAD_DIM)
     row_ok = r < q_len
     q = tl.load(q_ptr + (q_start + r)[:, None] * q_stride_t + head * q_stride_h + d[None, :],
                 mask=row_ok[:, None], other=0.0)
@@ -183,21 +196,11 @@ def _prefill_kernel(q_ptr, q_stride_t, q_stride_h, out_ptr, out_stride_t, out_st
     keys_needed = tl.minimum(prefix + first_row + BLOCK_M, context_len)   # causal: nothing past the last query
     table = block_tables_ptr + seq * block_tables_stride
     for t in range(0, tl.cdiv(keys_needed, BLOCK_N)):
-        pos = t * BLOCK_N + n
-        valid = pos < context_len
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        kv = ((block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * HEAD_DIM
-        k = tl.load(k_cache_ptr + kv[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        if UPCAST: k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale          # [BLOCK_M, BLOCK_N]
-        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))     # finite from the first tile on: key 0 is visible to every query
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = alpha * l + tl.sum(p, 1)
-        acc = alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m = m_new
+        pos, k, v = _kv_tile(k_cache_ptr, v_cache_ptr, table, t, context_len, kv_head,
+                             NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST)
+        # key 0 is visible to every query, so each row's running max is finite from the first tile on
+        visible = (pos < context_len)[None, :] & (pos[None, :] <= q_pos[:, None])
+        m, l, acc = _online_softmax_update(q, k, v, visible, m, l, acc, scale)
     o = acc / l[:, None]
     tl.store(out_ptr + (q_start + r)[:, None] * out_stride_t + head * out_stride_h + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
