@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve run bench export clean readme nbs test test-nbs test-py
+.PHONY: venv serve run bench export clean readme nbs test test-nbs test-py docs preview screenshots
 
 venv: $(STAMP)
 
@@ -53,3 +53,15 @@ test-nbs: $(STAMP)
 
 test-py: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+DOCS_OUT := docs/_build/html
+DOCS_PORT ?= 8080
+PAGES ?=
+docs: $(STAMP)  ## the course site from the notebooks' stored outputs (no execution, offline) into docs/_build/html; fails on warnings
+	$(BIN)/sphinx-build -E -W --keep-going -q -b html -c docs nbs $(DOCS_OUT)
+
+preview: docs  ## serve the site on http://HOST:DOCS_PORT (default http://127.0.0.1:8080)
+	$(BIN)/python -m http.server $(DOCS_PORT) --bind $(HOST) --directory $(DOCS_OUT)
+
+screenshots: docs  ## headless Chromium (apt-get install chromium) shots of the site into docs/_build/screenshots (PAGES="00_index 02_kv_cache")
+	$(BIN)/python scripts/screenshots.py $(PAGES)
