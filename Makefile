@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve run bench export clean readme nbs test test-nbs test-py docs preview screenshots gpu-check
+.PHONY: venv serve run bench bench-online export clean readme nbs test test-nbs test-py docs preview screenshots gpu-check
 
 venv: $(STAMP)
 
@@ -30,6 +30,10 @@ run: $(STAMP)  ## stream the default model's answer to PROMPT in the terminal
 
 bench: $(STAMP)  ## offline throughput: minillm against transformers on the default model
 	$(BIN)/minillm bench
+
+bench-online: $(STAMP)  ## online load test (Poisson rates) against the server that `make serve` runs on HOST:PORT
+	mkdir -p bench-results
+	$(BIN)/minillm bench online --base-url http://$(HOST):$(PORT)/v1 --ignore-eos --output bench-results/online.json --plot bench-results/online.png
 
 export: $(STAMP)  ## notebooks -> minillm/*.py and README.md
 	$(BIN)/nbdev-export

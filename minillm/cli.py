@@ -6,7 +6,7 @@ Docs: https://minillm.github.io/minillm/cli.html.md"""
 
 # %% auto #0
 __all__ = ['ENGINE_FLAGS', 'add_engine_flags', 'engine_kwargs', 'add_sampling_flags', 'cmd_generate', 'cmd_chat', 'cmd_serve',
-           'cmd_bench', 'parser', 'main']
+           'cmd_bench', 'cmd_bench_online', 'parser', 'main']
 
 # %% ../nbs/09b_cli.ipynb #ad4e8990
 import argparse, sys
@@ -83,7 +83,21 @@ def cmd_bench(args):
     print_benchmark(offline_benchmark(args.num_requests, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output),
                                       args.seed, peers=not args.no_peers, **engine_kwargs(args)))
 
+def cmd_bench_online(args):
+    import json
+    from minillm.bench_serving import online_benchmark
+    rates = [float(r) for r in args.rates.split(",")]
+    extra = json.loads(args.extra_body) if args.extra_body else None
+    online_benchmark(args.base_url, rates, args.model, args.tokenizer, args.num_requests, (args.min_prompt, args.max_prompt),
+                     (args.min_output, args.max_output), args.prefix_len, args.seed, args.ignore_eos, extra, args.api_key,
+                     args.max_concurrency, args.output, args.plot, args.ttft_bound)
+
 # %% ../nbs/09b_cli.ipynb #faf38d24
+def _workload_flags(p, num_requests, prompt, output):
+    for flag, default in [("--num-requests", num_requests), ("--min-prompt", prompt[0]), ("--max-prompt", prompt[1]),
+                          ("--min-output", output[0]), ("--max-output", output[1]), ("--seed", 0)]:
+        p.add_argument(flag, type=int, default=default)
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm", description="An LLM inference engine: serve, generate, chat, benchmark.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -100,16 +114,37 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="an interactive conversation")
     c.add_argument("--system", default=None, help="a system prompt")
     add_sampling_flags(c, 512); add_engine_flags(c); c.set_defaults(func=cmd_chat)
-    b = sub.add_parser("bench", help="offline throughput against transformers")
-    for flag, default in [("--num-requests", 32), ("--min-prompt", 16), ("--max-prompt", 256), ("--min-output", 16), ("--max-output", 128), ("--seed", 0)]:
-        b.add_argument(flag, type=int, default=default)
+    modes = sub.add_parser("bench", help="benchmarks: offline throughput (default) or an online load test").add_subparsers(dest="mode", required=True)
+    b = modes.add_parser("offline", help="offline throughput against transformers (`minillm bench` alone runs this)")
+    _workload_flags(b, 32, (16, 256), (16, 128))
     b.add_argument("--no-peers", action="store_true", help="run minillm only")
     add_engine_flags(b); b.set_defaults(func=cmd_bench)
+    o = modes.add_parser("online", help="Poisson load against any OpenAI-compatible server: TTFT, ITL, e2e, throughput per request rate")
+    o.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI API root (default: %(default)s)")
+    o.add_argument("--model", default=None, help="model name to send (default: the first one the server lists)")
+    o.add_argument("--api-key", default=None)
+    o.add_argument("--rates", default="0.5,1,2,4", help="comma-separated request rates per second; inf sends all at once (default: %(default)s)")
+    _workload_flags(o, 32, (32, 256), (16, 64))
+    o.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt (a system prompt)")
+    o.add_argument("--tokenizer", default=None, help="tokenizer directory for the prompts (default: the default model's)")
+    o.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM and minillm) so that every request runs to max_tokens")
+    o.add_argument("--extra-body", default=None, help="JSON merged into every request body, for a server's own fields")
+    o.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
+    o.add_argument("--ttft-bound", type=float, default=2.0, help="p99 TTFT bound for the summary line, in s (default: %(default)s)")
+    o.add_argument("--output", default=None, help="write the results as JSON to this file")
+    o.add_argument("--plot", default=None, help="save a plot of the sweep to this image file")
+    o.set_defaults(func=cmd_bench_online)
     return p
+
+def _default_bench_mode(argv: list[str]) -> list[str]:
+    "`minillm bench [flags]` means `minillm bench offline [flags]`."
+    if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] not in ("offline", "online", "-h", "--help")):
+        return ["bench", "offline", *argv[1:]]
+    return argv
 
 def main(argv: list[str] | None = None):
     "The `minillm` command."
-    args = parser().parse_args(argv)
+    args = parser().parse_args(_default_bench_mode(sys.argv[1:] if argv is None else list(argv)))
     try: args.func(args)
     except KeyboardInterrupt: pass
     except ValueError as e: sys.exit(f"minillm: {e}")

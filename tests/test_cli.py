@@ -5,10 +5,18 @@ import pytest
 
 MINILLM = str(Path(sys.executable).parent / "minillm")
 
-@pytest.mark.parametrize("cmd", ["serve", "generate", "chat", "bench"])
+@pytest.mark.parametrize("cmd", ["serve", "generate", "chat", "bench offline"])
 def test_help(cmd):
-    out = subprocess.run([MINILLM, cmd, "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([MINILLM, *cmd.split(), "--help"], capture_output=True, text=True, check=True).stdout
     assert "--max-num-seqs" in out and "--model" in out
+
+def test_bench_modes():
+    out = subprocess.run([MINILLM, "bench", "online", "--help"], capture_output=True, text=True, check=True).stdout
+    assert all(f in out for f in ("--base-url", "--rates", "--ignore-eos", "--output", "--plot"))
+    from minillm.cli import _default_bench_mode, parser
+    for argv, mode in [(["bench"], "offline"), (["bench", "--num-requests", "4"], "offline"), (["bench", "online"], "online")]:
+        args = parser().parse_args(_default_bench_mode(argv))
+        assert args.mode == mode and args.num_requests == (4 if "4" in argv else 32)
 
 def test_generate_streams_the_answer(model_dir):
     out = subprocess.run([MINILLM, "generate", "What is the capital of France?", "--max-tokens", "24", "--model", str(model_dir)],
