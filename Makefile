@@ -67,6 +67,7 @@ gpu-check: $(STAMP)  ## on a CUDA machine (make TORCH_SPEC=torch gpu-check GPU_M
 	$(BIN)/python -m pytest -q tests/test_kernels.py tests/test_cuda_graphs.py
 	$(BIN)/python -c "from minillm.kernels import benchmark_decode; benchmark_decode()"
 	$(BIN)/minillm bench $(GPU_BENCH) --attention-backend torch
+	$(BIN)/minillm bench $(GPU_BENCH) --attention-backend triton --enforce-eager
 	$(BIN)/minillm bench $(GPU_BENCH) --attention-backend triton
 
 DOCS_OUT := docs/_build/html

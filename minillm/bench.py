@@ -86,7 +86,7 @@ def offline_benchmark(num_requests: int = 32, prompt_len=(16, 256), output_len=(
     w = random_workload(num_requests, prompt_len, output_len, seed)
     run_minillm(llm, random_workload(2, (8, 8), (2, 2), seed + 1))   # warm-up
     tokens, secs = run_minillm(llm, w)
-    peak = measure_peak_flops()
+    peak = measure_peak_flops(dtype=llm.engine.runner.dtype, device=llm.engine.runner.device)   # the engine's own device
     flops = workload_flops(llm.engine.model.config, w)
     result = {"workload": dict(num_requests=num_requests, prompt_len=prompt_len, output_len=output_len, seed=seed,
                                output_tokens=w.output_tokens, prompt_tokens=sum(map(len, w.prompts))),

@@ -32,10 +32,12 @@ def add_engine_flags(p: argparse.ArgumentParser):
         p.add_argument(flag, type=typ, default=getattr(defaults, field), help=f"{help_} (default: %(default)s)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    p.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
 
 def engine_kwargs(args) -> dict:
     kw = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in ENGINE_FLAGS.items()}
-    return dict(kw, enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill)
+    return dict(kw, enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill,
+                enforce_eager=args.enforce_eager)
 
 def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int):
     p.add_argument("--max-tokens", type=int, default=max_tokens)
