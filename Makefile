@@ -45,15 +45,18 @@ clean: $(STAMP)  ## strip notebook metadata nbdev does not keep
 readme: $(STAMP)
 	$(BIN)/python scripts/readme.py
 
+# Without CUDA, chapter 8's kernels run in Triton's interpreter. It must be on before triton is first imported, and
+# nbdev-test runs many notebooks per process (transformers imports triton early), so it is set for the whole run.
+NB_ENV = $(shell $(BIN)/python -c "import torch; print('' if torch.cuda.is_available() else 'TRITON_INTERPRET=1')")
 NB ?=
 nbs: $(STAMP)  ## execute notebooks in place, one at a time so measurements do not compete (NB=nbs/x.ipynb for one)
-	$(BIN)/nbdev-test --save --flags notest --n-workers 1 $(NB)
+	$(NB_ENV) $(BIN)/nbdev-test --save --flags notest --n-workers 1 $(NB)
 	$(BIN)/nbdev-clean
 
 test: test-nbs test-py
 
 test-nbs: $(STAMP)
-	$(BIN)/nbdev-test --n-workers 2
+	$(NB_ENV) $(BIN)/nbdev-test --n-workers 2
 
 test-py: $(STAMP)
 	$(BIN)/python -m pytest tests
