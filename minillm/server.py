@@ -10,6 +10,7 @@ __all__ = ['AsyncEngine', 'StreamOptions', 'CompletionRequest', 'ChatMessage', '
 
 # %% ../nbs/09_serving.ipynb #bdaec384
 import asyncio, json, queue, threading, time, uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import AsyncIterator
@@ -346,7 +347,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           log_level: str = "info", **engine_kwargs):
     "Load a model and serve it over the OpenAI API until interrupted."
     import uvicorn
-    engine = LLMEngine(**engine_kwargs)
+    with ThreadPoolExecutor(1) as pool: engine = pool.submit(LLMEngine, **engine_kwargs).result()   # see above
     app = build_app(engine, served_model_name, api_key)
     print(f"minillm: serving {served_model_name or engine.model_name} on http://{host}:{port}/v1", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
