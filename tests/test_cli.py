@@ -31,3 +31,11 @@ def test_chat_reads_turns_until_eof(model_dir):
 def test_bad_model_path_is_a_clear_error():
     r = subprocess.run([MINILLM, "generate", "hi", "--model", "/no/such/model"], capture_output=True, text=True)
     assert r.returncode != 0 and "does not exist" in r.stderr
+
+def test_engine_flags_reach_the_engine_config():
+    from minillm.cli import engine_kwargs, parser
+    from minillm.engine import EngineConfig
+    args = parser().parse_args(["serve", "--attention-backend", "triton", "--enforce-eager", "--no-prefix-caching", "--block-size", "32"])
+    cfg = EngineConfig(**engine_kwargs(args))
+    assert (cfg.attention_backend, cfg.enforce_eager, cfg.enable_prefix_caching, cfg.block_size) == ("triton", True, False, 32)
+    assert EngineConfig(**engine_kwargs(parser().parse_args(["serve"]))) == EngineConfig()
