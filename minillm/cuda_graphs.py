@@ -34,14 +34,15 @@ class CUDAGraphDecoder:
         self.block_tables = torch.zeros(max_batch, max_blocks, **i32)
         self.cu_seqlens_q = torch.arange(max_batch + 1, **i32)
         self.steps, self.logits, self.graphs, pool = {}, {}, {}, None
-        for bs in reversed(self.batch_sizes):   # largest first: the smaller graphs reuse its memory pool
-            self.steps[bs] = step = self._decode_step(bs, max_model_len)
-            self.logits[bs] = step()            # warm-up: compiles the kernels, allocates split-K scratch
-            if capture:
-                torch.cuda.synchronize(device)
-                self.graphs[bs] = graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool): self.logits[bs] = step()
-                pool = graph.pool()
+        with torch.inference_mode():                # no autograd state recorded into the graphs
+            for bs in reversed(self.batch_sizes):   # largest first: the smaller graphs reuse its memory pool
+                self.steps[bs] = step = self._decode_step(bs, max_model_len)
+                self.logits[bs] = step()            # warm-up: compiles the kernels, allocates split-K scratch
+                if capture:
+                    torch.cuda.synchronize(device)
+                    self.graphs[bs] = graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool): self.logits[bs] = step()
+                    pool = graph.pool()
 
     def _decode_step(self, bs: int, max_model_len: int):
         md = AttentionMetadata(cu_seqlens_q=self.cu_seqlens_q[:bs + 1], context_lens=self.context_lens[:bs],
