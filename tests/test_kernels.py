@@ -83,7 +83,8 @@ def test_backend_choice(monkeypatch):
     from minillm.model_runner import resolve_attention_backend
     cpu = torch.device("cpu")
     assert resolve_attention_backend("auto", cpu) == "torch"
-    assert resolve_attention_backend("triton", cpu) == "triton"   # the interpreter is on in tests
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_attention_backend("triton", cpu) == "triton"   # CPU tensors: only in the interpreter
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="needs the triton package and a CUDA device"): resolve_attention_backend("triton", cpu)
     with pytest.raises(ValueError, match="choose 'auto', 'torch' or 'triton'"): resolve_attention_backend("flash", cpu)
