@@ -6,16 +6,17 @@ Docs: https://minillm.github.io/minillm/benchmarks.html.md"""
 
 # %% auto #0
 __all__ = ['PERCENTILES', 'ServingRequest', 'serving_workload', 'arrival_times', 'RequestResult', 'send_request', 'run_load',
-           'summarize', 'first_model', 'sweep', 'format_run', 'best_under', 'print_sweeps', 'plot_sweeps', 'free_port',
+           'summarize', 'first_model', 'sweep', 'format_run', 'best_under', 'print_sweeps', 'plot_sweeps',
            'ServerProcess', 'online_benchmark']
 
 # %% ../nbs/10_benchmarks.ipynb #9816774a
-import asyncio, json, math, random, socket, subprocess, time
+import asyncio, json, math, random, subprocess, time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 import httpx
 import numpy as np
 from .bench import random_workload
+from .server import free_port
 
 # %% ../nbs/10_benchmarks.ipynb #0a0cc876
 @dataclass
@@ -208,9 +209,6 @@ def plot_sweeps(results: list[dict], bound: float | None = 2.0, path: str | None
     return fig
 
 # %% ../nbs/10_benchmarks.ipynb #bb8352eb
-def free_port() -> int:
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
 class ServerProcess:
     "Run a server command until the block ends; `base_url` is ready when the block starts."
     def __init__(self, cmd: list[str], base_url: str, timeout: float = 300, env: dict | None = None, log: str | None = None):
@@ -221,7 +219,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.time() + self.timeout
         while time.time() < deadline:
-            if self.proc.poll() is not None: raise RuntimeError(f"server exited with {self.proc.returncode}: {' '.join(self.cmd)}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {' '.join(self.cmd)}" + (f" (log: {self.log})" if self.log else ""))
             try:
                 if httpx.get(self.base_url.rstrip("/") + "/models", timeout=2).status_code < 500: return self
             except httpx.TransportError: pass

@@ -137,9 +137,10 @@ def _check_shapes(cache: PagedKVCache, q: torch.Tensor):
 
 def paged_decode_attention(cache: PagedKVCache, layer: int, q: torch.Tensor, out: torch.Tensor,
                            md: AttentionMetadata, seq_ids: torch.Tensor, num_splits: int = 1,
-                           partials: tuple | None = None):
+                           partials: tuple | None = None) -> tuple | None:
     """For each sequence in `seq_ids` (one new token each), attend its query row of q [T, H, D] over its
-    whole context in the pool and write the row of `out`. `partials`: preallocated split-K buffers."""
+    whole context in the pool and write the row of `out`. Returns the split-K scratch (`partials`, made
+    here if not given) for the next layer to reuse."""
     H, Hkv, D = _check_shapes(cache, q)
     assert num_splits == triton.next_power_of_2(num_splits), "num_splits must be a power of two"
     B, group = len(seq_ids), H // Hkv
@@ -154,6 +155,7 @@ def paged_decode_attention(cache: PagedKVCache, layer: int, q: torch.Tensor, out
     if num_splits > 1:
         _merge_splits_kernel[(B, H)](part_acc, part_m, part_l, out, out.stride(0), out.stride(1),
                                      md.cu_seqlens_q, seq_ids, NUM_HEADS=H, HEAD_DIM=D, NUM_SPLITS=num_splits)
+    return partials
 
 def decode_partials(num_seqs: int, num_heads: int, head_dim: int, num_splits: int, device) -> tuple:
     "Split-K scratch: unnormalised outputs [B, H, splits, D] and running max and sum [B, H, splits], in float32."
@@ -250,9 +252,8 @@ def paged_attention_triton(cache: PagedKVCache, layer: int, q: torch.Tensor, pla
     "Attention of a flat batch q [T, H, D] over the paged cache (new K/V already stored): [T, H, D]."
     out = torch.empty_like(q)
     if len(plan.decode_seqs):
-        if plan.num_splits > 1 and plan.partials is None:
-            plan.partials = decode_partials(len(plan.decode_seqs), q.shape[1], q.shape[2], plan.num_splits, q.device)
-        paged_decode_attention(cache, layer, q, out, plan.metadata, plan.decode_seqs, plan.num_splits, plan.partials)
+        plan.partials = paged_decode_attention(cache, layer, q, out, plan.metadata, plan.decode_seqs, plan.num_splits,
+                                               plan.partials)
     if len(plan.tile_seq):
         paged_prefill_attention(cache, layer, q, out, plan.metadata, plan.tile_seq, plan.tile_start)
     return out

@@ -34,18 +34,9 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
 
 def load_attention_backend(name: str) -> AttentionBackend:
     if name == "triton":
-        from .kernels import TRITON_ATTENTION   # chapter 8
+        from minillm.kernels import TRITON_ATTENTION   # chapter 8
         return TRITON_ATTENTION
     return TORCH_ATTENTION
-
-# ## Sizing the KV pool
-#
-# Every byte not taken by weights and activations should hold KV: more blocks, more concurrent
-# sequences, bigger decode batches (chapter 3). On a GPU, vLLM loads the model, runs a forward pass
-# with the largest batch the scheduler can produce to measure peak activation memory, and gives
-# the pool `gpu_memory_utilization` of the device's memory minus what that used. On a CPU there is
-# no such clean boundary (the process shares RAM with everything else), so the pool gets an explicit
-# budget. `num_kv_blocks` overrides both, which tests use to force a tiny pool.
 
 # %% ../nbs/07a_model_runner.ipynb #119b03f9
 def kv_block_bytes(cfg, block_size: int, dtype) -> int:
@@ -78,7 +69,7 @@ class ModelRunner:
         self.cache = PagedKVCache.for_model(model.config, num_blocks, block_size, self.dtype, self.device)
         self.graphs = None
         if cuda_graph_max_batch and self.device.type == "cuda" and self.attention_backend == "triton":
-            from .cuda_graphs import CUDAGraphDecoder   # chapter 8b: decode steps replayed from captured graphs
+            from minillm.cuda_graphs import CUDAGraphDecoder   # chapter 8b: decode steps replayed from captured graphs
             self.graphs = CUDAGraphDecoder(model, self.cache, cuda_graph_max_batch,
                                            max_model_len or model.config.max_position_embeddings)
 

@@ -6,15 +6,17 @@ Docs: https://minillm.github.io/minillm/paged_attention.html.md"""
 
 # %% auto #0
 __all__ = ['TORCH_ATTENTION', 'PagedKVCache', 'AttentionMetadata', 'gather_kv', 'paged_attention_torch', 'AttentionBackend',
-           'PagedAttention', 'FlatBatch', 'build_flat_batch', 'forward_flat', 'run_flat_batch', 'advance']
+           'PagedAttention', 'FlatBatch', 'build_flat_batch', 'random_paged_batch', 'forward_flat', 'run_flat_batch',
+           'advance']
 
 # %% ../nbs/04b_paged_attention.ipynb #cbb0f718
+import collections
 from dataclasses import dataclass
 from typing import Callable
 import torch
 import torch.nn.functional as F
 from .model import causal_attention
-from .block_manager import Sequence
+from .block_manager import BlockManager, Sequence
 
 # %% ../nbs/04b_paged_attention.ipynb #0c9dd0ac
 class PagedKVCache:
@@ -126,6 +128,32 @@ def build_flat_batch(seqs: list[Sequence], num_new_tokens: list[int], block_size
                            query_lens=list(num_new_tokens), context_lens_list=ctx, query_starts=cu[:-1])
     return FlatBatch(torch.tensor(ids, device=device), torch.cat(positions).to(device), md,
                      torch.tensor(cu[1:], device=device) - 1)
+
+# %% ../nbs/04b_paged_attention.ipynb #71583432
+def random_paged_batch(cases: list[tuple[int, int]], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                       dtype=torch.float32, seed: int = 0):
+    """A flat batch for checking attention backends: sequence i has `cases[i] = (cached, new)` tokens, the cached
+    ones' random K/V already in a pool whose blocks are handed out shuffled. Returns the pool, the batch, random
+    q [T, H, D] and the new tokens' k, v for it, and each sequence's full (k, v) for a contiguous reference."""
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-(c + n) // block_size) for c, n in cases) + 3
+    pool = PagedKVCache(1, num_blocks, block_size, num_kv_heads, head_dim, dtype)
+    bm = BlockManager(num_blocks, block_size)
+    bm.empty = collections.deque(torch.randperm(num_blocks, generator=g).tolist())
+    seqs, full = [], []
+    for i, (cached, new) in enumerate(cases):
+        seq = Sequence(i, [0] * (cached + new)); bm.allocate(seq, cached + new)
+        k, v = (torch.randn(cached + new, num_kv_heads, head_dim, generator=g).to(dtype) for _ in range(2))
+        if cached:   # earlier steps wrote these
+            pos = torch.arange(cached)
+            pool.write(0, k[:cached], v[:cached], torch.tensor(seq.block_table)[pos // block_size] * block_size + pos % block_size)
+        seq.num_computed_tokens = cached
+        seqs.append(seq); full.append((k, v))
+    batch = build_flat_batch(seqs, [n for _, n in cases], block_size)
+    q = torch.randn(len(batch.input_ids), num_heads, head_dim, generator=g).to(dtype)
+    new_k = torch.cat([k[c:] for (k, _), (c, _) in zip(full, cases)])
+    new_v = torch.cat([v[c:] for (_, v), (c, _) in zip(full, cases)])
+    return pool, batch, q, new_k, new_v, full
 
 # %% ../nbs/04b_paged_attention.ipynb #44c662b1
 @torch.no_grad()

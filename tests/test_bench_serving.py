@@ -4,8 +4,9 @@ from pathlib import Path
 import pytest, uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
-from minillm.bench_serving import (ServerProcess, arrival_times, best_under, first_model, free_port, run_load,
+from minillm.bench_serving import (ServerProcess, arrival_times, best_under, first_model, run_load,
                                    serving_workload, summarize, sweep)
+from minillm.server import free_port
 from test_server import KEY, NAME, server   # noqa: F401  (the module-scoped `minillm serve` fixture)
 
 BIN = Path(sys.executable).parent

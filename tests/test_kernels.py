@@ -3,8 +3,8 @@ conftest.py), on a GPU as compiled kernels. Shapes are small so the interpreter 
 import pytest, torch
 from minillm import LLM, SamplingParams
 from minillm.kernels import TRITON_ATTENTION, plan_triton_attention, paged_attention_triton, store_kv
-from minillm.paged_attention import PagedAttention, PagedKVCache, TORCH_ATTENTION
-from helpers import hf_greedy, random_batch
+from minillm.paged_attention import PagedAttention, PagedKVCache, random_paged_batch
+from helpers import hf_greedy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
@@ -13,7 +13,7 @@ def lengths_around(block_size): return [1, block_size - 1, block_size, block_siz
 
 def compare(cases, H, Hkv, D, block_size, dtype=torch.float32, num_splits=None):
     "Triton and torch attention over the same pool; the reference runs in float32 on the same (rounded) values."
-    pool, batch, q, k, v, _ = random_batch(cases, H, Hkv, D, block_size, dtype=dtype)
+    pool, batch, q, k, v, _ = random_paged_batch(cases, H, Hkv, D, block_size, dtype=dtype)
     md = batch.metadata
     ref_pool = PagedKVCache(1, pool.k.shape[1], block_size, Hkv, D)
     ref_pool.k.copy_(pool.k); ref_pool.v.copy_(pool.v)
@@ -61,7 +61,7 @@ def test_store_kv_skips_negative_slots_and_accepts_qkv_slices():
 
 def test_bad_head_dim_is_a_clear_error():
     pool = PagedKVCache(1, 4, 16, 1, 48)
-    _, batch, q, k, v, _ = random_batch([(0, 3)], 2, 1, 48, 16)
+    _, batch, q, k, v, _ = random_paged_batch([(0, 3)], 2, 1, 48, 16)
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         PagedAttention(pool, batch.metadata, TRITON_ATTENTION)(0, q, k, v)
 

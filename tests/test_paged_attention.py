@@ -3,8 +3,8 @@ import pytest, torch
 from minillm.block_manager import BlockManager, Sequence
 from minillm.loader import encode_chat
 from minillm.model import causal_attention, load_model
-from minillm.paged_attention import PagedAttention, PagedKVCache, advance, build_flat_batch, forward_flat
-from helpers import hf_greedy, random_batch
+from minillm.paged_attention import PagedAttention, PagedKVCache, advance, build_flat_batch, forward_flat, random_paged_batch
+from helpers import hf_greedy
 
 @pytest.mark.parametrize("cases", [
     [(0, 37), (45, 20), (64, 1)],                 # prefill, chunk after a cached prefix, one decode
@@ -14,7 +14,7 @@ from helpers import hf_greedy, random_batch
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1)])
 def test_paged_equals_contiguous(cases, heads):
     H, Hkv = heads
-    pool, batch, q, k, v, full = random_batch(cases, H, Hkv, 16, block_size=16)
+    pool, batch, q, k, v, full = random_paged_batch(cases, H, Hkv, 16, block_size=16)
     out = PagedAttention(pool, batch.metadata)(0, q, k, v)
     cu = batch.metadata.cu_seqlens_q.tolist()
     for i, ((fk, fv), (cached, new)) in enumerate(zip(full, cases)):

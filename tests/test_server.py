@@ -1,32 +1,21 @@
 "A real `minillm serve` process on a free localhost port, driven by the official openai client."
-import socket, subprocess, sys, time
+import sys, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import httpx, openai, pytest
 from minillm import LLM, SamplingParams
+from minillm.bench_serving import ServerProcess
+from minillm.server import free_port
 
 KEY, NAME = "test-key", "smollm2"
 
-def free_port() -> int:
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
 @pytest.fixture(scope="module")
-def server(model_dir):
+def server(model_dir, tmp_path_factory):
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "minillm"), "serve", "--port", str(port), "--api-key", KEY,
            "--served-model-name", NAME, "--model", str(model_dir), "--num-kv-blocks", "400", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200: break
-        except httpx.TransportError: time.sleep(0.5)
-        if proc.poll() is not None: pytest.fail("server exited:\n" + proc.stdout.read())
-    else: pytest.fail("server did not start")
-    yield base
-    proc.terminate()
-    try: proc.wait(timeout=10)
-    except subprocess.TimeoutExpired: proc.kill()
+    with ServerProcess(cmd, f"{base}/v1", log=str(tmp_path_factory.mktemp("server") / "server.log")): yield base
 
 @pytest.fixture(scope="module")
 def client(server): return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
