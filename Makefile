@@ -68,7 +68,7 @@ GPU_BENCH := --device cuda --num-requests 256 --min-prompt 100 --max-prompt 1024
 gpu-check: $(STAMP)  ## on a CUDA machine (make TORCH_SPEC=torch gpu-check GPU_MODEL=/models/Qwen3-0.6B): compiled-kernel and CUDA-graph tests, kernel and engine benchmarks
 	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check needs a CUDA device')"
 	$(BIN)/python -m pytest -q tests/test_kernels.py tests/test_cuda_graphs.py
-	$(BIN)/python -c "from minillm.kernels import benchmark_decode; benchmark_decode()"
+	$(BIN)/python -c "from minillm.bench.kernels import benchmark_decode; benchmark_decode()"
 	$(BIN)/minillm bench $(GPU_BENCH) --attention-backend torch
 	$(BIN)/minillm bench $(GPU_BENCH) --attention-backend triton --enforce-eager
 	$(BIN)/minillm bench $(GPU_BENCH) --attention-backend triton

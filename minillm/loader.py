@@ -12,10 +12,6 @@ __all__ = ['SUPPORTED_ARCHITECTURES', 'DEFAULT_GGUF_PACKAGE', 'DEFAULT_GGUF_FILE
 # %% ../nbs/01a_loader.ipynb #60b12b1e
 import hashlib, importlib.util, json, os, shutil
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 import torch
 from filelock import FileLock
 
@@ -55,9 +51,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     "Dequantize `gguf` into a Hugging Face directory `out_dir` (config, safetensors, tokenizer)."
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from safetensors.torch import save_file
-    kw = dict(gguf_file=gguf.name, dtype=torch.float32)
+    kw = dict(gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, **kw)
     except Exception as e:
         raise ModelLoadError(f"Cannot read GGUF file {gguf}: {type(e).__name__}: {e}. "
@@ -116,7 +112,7 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
 def load_tokenizer(model_dir: Path):
     "The Hugging Face tokenizer of a model directory."
     from transformers import AutoTokenizer
-    try: return AutoTokenizer.from_pretrained(model_dir)
+    try: return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except Exception as e:
         raise ModelLoadError(f"Cannot load the tokenizer in {model_dir}: {type(e).__name__}: {e}") from e
 
@@ -125,7 +121,7 @@ def load_hf_model(model_dir: Path, dtype=torch.float32, device="cpu"):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
     logging.disable_progress_bar()
-    try: model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    try: model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
     except Exception as e:
         raise ModelLoadError(f"Cannot load the weights in {model_dir}: {type(e).__name__}: {e}") from e
     return model.to(device).eval()

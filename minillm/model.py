@@ -7,7 +7,7 @@ Docs: https://minillm.github.io/minillm/kv_cache.html.md"""
 # %% auto #0
 __all__ = ['PACKED', 'N_PIECES', 'IGNORED', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'RotaryEmbedding', 'Attention', 'MLP',
            'DecoderLayer', 'DecoderModel', 'CausalLM', 'load_weights', 'load_model', 'causal_attention',
-           'no_cache_attention', 'ContiguousKVCache', 'cached_generate', 'kv_cache_bytes_per_token']
+           'no_cache_attention', 'kv_cache_bytes_per_token']
 
 # %% ../nbs/02_kv_cache.ipynb #575c5676
 import math
@@ -221,47 +221,6 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
 def no_cache_attention(layer: int, q, k, v) -> torch.Tensor:
     "Attention callable for one sequence's tokens in one forward pass, with nothing cached."
     return causal_attention(q[None], k[None], v[None], 0)[0]
-
-# %% ../nbs/02_kv_cache.ipynb #b227af4e
-class ContiguousKVCache:
-    "Keys and values of B sequences that advance together, each in a preallocated slab of max_len positions."
-    def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
-        shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
-        self.k, self.v = torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
-        self.batch_size, self.max_len, self.length = batch_size, max_len, 0
-
-    def __call__(self, layer: int, q, k, v):
-        "The attention callable the model calls: store the new K/V, attend over everything stored."
-        B, start = self.batch_size, self.length
-        n = q.shape[0] // B
-        self.k[layer, :, start:start + n] = k.view(B, n, *k.shape[1:])
-        self.v[layer, :, start:start + n] = v.view(B, n, *v.shape[1:])
-        out = causal_attention(q.view(B, n, *q.shape[1:]), self.k[layer, :, :start + n], self.v[layer, :, :start + n], start)
-        return out.reshape(B * n, *q.shape[1:])
-
-    @torch.no_grad()
-    def forward(self, model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
-        "Run `model` on input_ids [B, n], the next n tokens of every sequence; hidden states [B, n, hidden]."
-        B, n = input_ids.shape
-        if self.length + n > self.max_len: raise ValueError(f"the cache holds {self.max_len} positions; {self.length + n} needed")
-        positions = torch.arange(self.length, self.length + n, device=input_ids.device).repeat(B)
-        hidden = model(input_ids.flatten(), positions, self)
-        self.length += n
-        return hidden.view(B, n, -1)
-
-# %% ../nbs/02_kv_cache.ipynb #968df158
-from .naive import generation_loop
-
-def cached_generate(model: CausalLM, tokenizer, prompt_ids, params, eos_token_ids=(), max_len: int | None = None):
-    "`generation_loop` over minillm's model with a contiguous KV cache; yields (token, text, finish reason)."
-    cfg = model.config
-    max_len = max_len or min(cfg.max_position_embeddings, len(prompt_ids) + (params.max_tokens or cfg.max_position_embeddings))
-    device = next(model.parameters()).device
-    cache = ContiguousKVCache(cfg, 1, max_len, next(model.parameters()).dtype, device)
-    def next_logits(new_ids):
-        hidden = cache.forward(model, torch.tensor([new_ids], device=device))
-        return model.compute_logits(hidden[0, -1:])[0]
-    return generation_loop(next_logits, tokenizer, prompt_ids, params, eos_token_ids, max_len, cfg.vocab_size)
 
 # %% ../nbs/02_kv_cache.ipynb #b12c5b21
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype=torch.float32) -> int:

@@ -6,7 +6,7 @@ Docs: https://minillm.github.io/minillm/sampling.html.md"""
 
 # %% auto #0
 __all__ = ['GREEDY_EPS', 'SamplingParams', 'apply_top_k_top_p', 'apply_min_p', 'make_generator', 'exponential_noise',
-           'SamplingTensors', 'sample', 'filtered_probs', 'TextStream']
+           'SamplingTensors', 'sample', 'filtered_probs']
 
 # %% ../nbs/01b_sampling.ipynb #4644e072
 import math
@@ -84,12 +84,12 @@ def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 # %% ../nbs/01b_sampling.ipynb #6950dbd4
 def make_generator(seed: int | None, device="cpu") -> torch.Generator | None:
-    "A generator seeded with `seed`, or None (the global RNG) when there is no seed."
+    "A generator on `device` seeded with `seed`, or None when there is no seed."
     return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
-def exponential_noise(shape, generators: list, device="cpu") -> torch.Tensor:
-    "Exp(1) noise, row i drawn from generators[i] when it is not None."
-    noise = torch.empty(shape, device=device).exponential_()
+def exponential_noise(shape, generators: list, device="cpu", default: torch.Generator | None = None) -> torch.Tensor:
+    "Exp(1) noise on `device`: row i from generators[i] when it is not None, the others from `default`."
+    noise = torch.empty(shape, device=device).exponential_(generator=default)
     for i, g in enumerate(generators):
         if g is not None: noise[i].exponential_(generator=g)
     return noise.clamp_min_(1e-20)
@@ -118,8 +118,10 @@ class SamplingTensors:
                    use_top_k_top_p=any(k < vocab_size or p.top_p < 1 for k, p in zip(top_k, params)),
                    use_min_p=any(p.min_p > 0 for p in params))
 
-def sample(logits: torch.Tensor, st: SamplingTensors, generators: list | None = None) -> torch.Tensor:
-    "One token id per row of `logits` [B, V], each row with its own parameters and generator."
+def sample(logits: torch.Tensor, st: SamplingTensors, generators: list | None = None,
+           default_generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row of `logits` [B, V], each row with its own parameters. A row with a generator
+    draws from it; the others share `default_generator` (None: torch's global RNG)."""
     logits = logits.float()
     greedy_tokens = logits.argmax(-1)
     if st.all_greedy: return greedy_tokens
@@ -127,7 +129,7 @@ def sample(logits: torch.Tensor, st: SamplingTensors, generators: list | None = 
     if st.use_top_k_top_p: logits = apply_top_k_top_p(logits, st.top_k, st.top_p)
     probs = logits.softmax(-1)
     if st.use_min_p: probs = apply_min_p(probs, st.min_p)
-    noise = exponential_noise(probs.shape, generators or [None] * len(probs), probs.device)
+    noise = exponential_noise(probs.shape, generators or [None] * len(probs), probs.device, default_generator)
     return torch.where(st.greedy, greedy_tokens, (probs / noise).argmax(-1))
 
 # %% ../nbs/01b_sampling.ipynb #577f78b5
@@ -139,55 +141,3 @@ def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     probs = z.softmax(-1)
     if st.use_min_p: probs = apply_min_p(probs, st.min_p)
     return (probs / probs.sum(-1, keepdim=True))[0]
-
-# %% ../nbs/01b_sampling.ipynb #9ae089cb
-class TextStream:
-    "Turns a request's output tokens into text deltas, and decides when the request is finished."
-    def __init__(self, tokenizer, params: SamplingParams, eos_token_ids=(), prompt_ids=(), max_tokens: int | None = None):
-        self.tokenizer, self.params = tokenizer, params
-        self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
-        self.stop_ids = frozenset(params.stop_token_ids)
-        self.max_tokens = max_tokens or params.max_tokens
-        self.hold = max((len(s) for s in params.stop), default=1) - 1
-        self.token_ids: list[int] = []
-        self.context = list(prompt_ids[-4:])  # a few prompt tokens, so the first token decodes with its leading space
-        self.prefix_offset, self.read_offset = 0, len(self.context)
-        self.text, self.sent = "", 0
-        self.finish_reason: str | None = None   # "stop" or "length"
-        self.stop_reason: int | str | None = None  # the stop token id or stop string that matched
-
-    @property
-    def finished(self) -> bool: return self.finish_reason is not None
-
-    def _decode_delta(self) -> str:
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
-        ids = self.context
-        before, now = decode(ids[self.prefix_offset:self.read_offset]), decode(ids[self.prefix_offset:])
-        if len(now) <= len(before) or now.endswith("\ufffd"): return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(ids)
-        return now[len(before):]
-
-    def _find_stop_string(self, new_chars: int):
-        start = max(0, len(self.text) - new_chars - self.hold)
-        hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
-        if not hits: return
-        i, s = min(hits)
-        self.text = self.text[:i + len(s)] if self.params.include_stop_str_in_output else self.text[:i]
-        self.finish_reason, self.stop_reason = "stop", s
-
-    def append(self, token_id: int) -> str:
-        "Add one generated token; return the text that may be shown now."
-        assert not self.finished, "the request has already finished"
-        self.token_ids.append(token_id)
-        n, may_stop = len(self.token_ids), len(self.token_ids) > self.params.min_tokens
-        if may_stop and token_id in self.eos: self.finish_reason = "stop"
-        elif may_stop and token_id in self.stop_ids: self.finish_reason, self.stop_reason = "stop", token_id
-        else:
-            self.context.append(token_id)
-            delta = self._decode_delta()
-            self.text += delta
-            if may_stop and self.params.stop and delta: self._find_stop_string(len(delta))
-        if not self.finished and self.max_tokens is not None and n >= self.max_tokens: self.finish_reason = "length"
-        end = len(self.text) if self.finished else max(self.sent, len(self.text) - self.hold)
-        delta, self.sent = self.text[self.sent:end], end
-        return delta

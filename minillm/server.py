@@ -6,15 +6,15 @@ Docs: https://minillm.github.io/minillm/serving.html.md"""
 
 # %% auto #0
 __all__ = ['AsyncEngine', 'StreamOptions', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'prompts_of',
-           'ServerMetrics', 'APIError', 'build_app', 'serve', 'free_port']
+           'ServerMetrics', 'APIError', 'build_app', 'serve']
 
 # %% ../nbs/09_serving.ipynb #bdaec384
-import asyncio, json, queue, socket, threading, time, uuid
+import asyncio, json, queue, threading, time, uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import AsyncIterator
-from .engine import LLMEngine, RequestOutput
+from .engine.llm_engine import LLMEngine, RequestOutput
 from .loader import encode_chat
 from .sampling import SamplingParams
 
@@ -351,8 +351,3 @@ def serve(host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
     app = build_app(engine, served_model_name, api_key)
     print(f"minillm: serving {served_model_name or engine.model_name} on http://{host}:{port}/v1", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
-
-# %% ../nbs/09_serving.ipynb #b5ad7045
-def free_port() -> int:
-    "A TCP port on 127.0.0.1 that nothing listens on now."
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]

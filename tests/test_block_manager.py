@@ -2,7 +2,7 @@
 from collections import Counter
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from minillm.block_manager import BlockManager, Sequence
+from minillm.engine.block_manager import BlockManager, Sequence
 
 BLOCK = 4
 # Few distinct prompts built from few distinct blocks, so prefixes are shared and hit often.

@@ -34,7 +34,7 @@ def test_bad_model_path_is_a_clear_error():
 
 def test_engine_flags_reach_the_engine_config():
     from minillm.cli import engine_kwargs, parser
-    from minillm.engine import EngineConfig
+    from minillm.engine.llm_engine import EngineConfig
     args = parser().parse_args(["serve", "--attention-backend", "triton", "--enforce-eager", "--no-prefix-caching", "--block-size", "32"])
     cfg = EngineConfig(**engine_kwargs(args))
     assert (cfg.attention_backend, cfg.enforce_eager, cfg.enable_prefix_caching, cfg.block_size) == ("triton", True, False, 32)

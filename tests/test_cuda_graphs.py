@@ -2,7 +2,7 @@
 replays real graphs; on CPU the same static buffers and padding run without capture, under the Triton interpreter."""
 import torch
 from minillm import LLM, SamplingParams
-from minillm.cuda_graphs import CUDAGraphDecoder
+from minillm.engine.cuda_graphs import CUDAGraphDecoder
 from helpers import hf_greedy
 
 def test_engine_decodes_through_graphs_and_equals_transformers(random_llama):

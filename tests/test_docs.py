@@ -46,9 +46,9 @@ def pages(site):
 def exported_symbols():
     "Every function and class that a module of the library exports (its `__all__`) and defines itself."
     import minillm
-    for m in pkgutil.iter_modules(minillm.__path__):
-        if m.name.startswith("_"): continue
-        mod = importlib.import_module(f"minillm.{m.name}")
+    for m in pkgutil.walk_packages(minillm.__path__, "minillm."):
+        if m.name.rpartition(".")[2].startswith("_"): continue
+        mod = importlib.import_module(m.name)
         for name in getattr(mod, "__all__", []):
             obj = getattr(mod, name)
             if (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == mod.__name__:
@@ -84,7 +84,7 @@ def test_every_exported_symbol_has_a_show_doc_entry(pages):
         assert "nbdev-showdoc" in p.classes[make_id(s)], s
     # every entry links to its source, with a line number
     src = [l for p in pages.values() for l in p.sources]
-    assert len(src) >= len(symbols) and all(re.search(r"/blob/main/minillm/\w+\.py#L\d+$", l) for l in src)
+    assert len(src) >= len(symbols) and all(re.search(r"/blob/main/minillm/[\w/]+\.py#L\d+$", l) for l in src)
 
 
 def test_links_resolve_and_backticked_names_link_to_entries(pages):

@@ -1,6 +1,7 @@
 "The engine against transformers' greedy generate, whatever the batching, chunking, preemption or prefix caching."
 import pytest
-from minillm.engine import LLM, LLMEngine
+from minillm.llm import LLM
+from minillm.engine.llm_engine import LLMEngine
 from minillm.loader import encode_chat
 from minillm.sampling import SamplingParams
 from helpers import hf_greedy

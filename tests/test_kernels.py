@@ -2,8 +2,10 @@
 conftest.py), on a GPU as compiled kernels. Shapes are small so the interpreter stays fast."""
 import pytest, torch
 from minillm import LLM, SamplingParams
-from minillm.kernels import TRITON_ATTENTION, plan_triton_attention, paged_attention_triton, store_kv
-from minillm.paged_attention import PagedAttention, PagedKVCache, random_paged_batch
+from minillm.kernels.triton_attention import TRITON_ATTENTION, plan_triton_attention, paged_attention_triton, store_kv
+from minillm.engine.attention import PagedAttention
+from minillm.engine.kv_cache import PagedKVCache
+from minillm.course.paged import random_paged_batch
 from helpers import hf_greedy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,7 +82,7 @@ def test_engine_with_triton_backend_equals_transformers(random_llama):
         assert llm.engine.block_manager.num_free_blocks == 64
 
 def test_backend_choice(monkeypatch):
-    from minillm.model_runner import resolve_attention_backend
+    from minillm.engine.model_runner import resolve_attention_backend
     cpu = torch.device("cpu")
     assert resolve_attention_backend("auto", cpu) == "torch"
     monkeypatch.setenv("TRITON_INTERPRET", "1")

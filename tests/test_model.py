@@ -3,8 +3,9 @@ import json, pytest, torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from minillm.loader import ModelLoadError, encode_chat, load_tokenizer
-from minillm.model import ContiguousKVCache, cached_generate, causal_attention, load_model
-from minillm.naive import collect
+from minillm.course.contiguous import ContiguousKVCache, cached_generate
+from minillm.model import causal_attention, load_model
+from minillm.course.naive import collect
 from minillm.sampling import SamplingParams
 from helpers import hf_greedy
 

@@ -1,7 +1,7 @@
 "The naive loop against transformers' greedy generate on the default model."
 import pytest, torch
 from minillm.loader import encode_chat
-from minillm.naive import generate
+from minillm.course.naive import generate
 from minillm.sampling import SamplingParams
 from helpers import hf_greedy
 

@@ -1,9 +1,12 @@
 "Paged attention against contiguous attention, and the model on a paged cache against transformers."
 import pytest, torch
-from minillm.block_manager import BlockManager, Sequence
+from minillm.engine.block_manager import BlockManager, Sequence
 from minillm.loader import encode_chat
 from minillm.model import causal_attention, load_model
-from minillm.paged_attention import PagedAttention, PagedKVCache, advance, build_flat_batch, forward_flat, random_paged_batch
+from minillm.engine.attention import PagedAttention
+from minillm.engine.kv_cache import PagedKVCache
+from minillm.course.paged import advance, forward_flat, random_paged_batch
+from minillm.engine.input_batch import build_flat_batch
 from helpers import hf_greedy
 
 @pytest.mark.parametrize("cases", [

@@ -1,7 +1,8 @@
 "Properties of the batched sampler and of stop detection (no model needed except the tokenizer)."
 import math, pytest, torch
 from hypothesis import given, settings, strategies as st
-from minillm.sampling import SamplingParams, SamplingTensors, TextStream, filtered_probs, make_generator, sample
+from minillm.sampling import SamplingParams, SamplingTensors, filtered_probs, make_generator, sample
+from minillm.detokenizer import TextStream
 
 V = 64
 

@@ -2,10 +2,11 @@
 the KV cache's contents: a wrong block, a stale prefix hit or a missed recomputation changes the output."""
 import pytest, torch
 from hypothesis import given, settings, strategies as st
-from minillm.block_manager import BlockManager
-from minillm.paged_attention import build_flat_batch
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.input_batch import build_flat_batch
 from minillm.sampling import SamplingParams
-from minillm.scheduler import Request, RequestStatus, Scheduler
+from minillm.engine.request import Request, RequestStatus
+from minillm.engine.scheduler import Scheduler
 
 BS = 4
 PIECES = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9]]

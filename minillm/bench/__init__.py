@@ -1,0 +1,1 @@
+"Measurements: the roofline, offline throughput, kernel timings and online load tests."
