@@ -6,7 +6,7 @@ Docs: https://minillm.github.io/minillm/cli.html.md"""
 
 # %% auto #0
 __all__ = ['ENGINE_FLAGS', 'add_engine_flags', 'engine_kwargs', 'add_sampling_flags', 'cmd_generate', 'cmd_chat', 'cmd_serve',
-           'cmd_bench', 'cmd_bench_online', 'parser', 'main']
+           'cmd_bench', 'cmd_bench_online', 'add_limit_flags', 'parser', 'main']
 
 # %% ../nbs/09b_cli.ipynb #ad4e8990
 import argparse, sys
@@ -77,8 +77,12 @@ def cmd_chat(args):
         history.append({"role": "assistant", "content": _stream(engine, encode_chat(engine.tokenizer, history), args)})
 
 def cmd_serve(args):
-    from minillm.server import serve
-    serve(args.host, args.port, args.api_key, args.served_model_name, args.log_level, **engine_kwargs(args))
+    from minillm.serving.api_server import serve
+    from minillm.serving.protocol import ServerLimits
+    limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
+                          max_stop=args.max_stop, max_waiting_requests=args.max_waiting_requests)
+    serve(args.host, args.port, args.api_key, args.served_model_name, args.log_level, limits,
+          args.protect_metrics, **engine_kwargs(args))
 
 def cmd_bench(args):
     from minillm.bench.offline import offline_benchmark, print_benchmark
@@ -95,6 +99,17 @@ def cmd_bench_online(args):
                      args.max_concurrency, args.output, args.plot, args.ttft_bound)
 
 # %% ../nbs/09b_cli.ipynb #faf38d24
+def add_limit_flags(p: argparse.ArgumentParser):
+    "The server's limits (chapter 9's ServerLimits), with its defaults."
+    from minillm.serving.protocol import ServerLimits
+    d = ServerLimits()
+    p.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
+                   help="requests waiting to start before new ones get 503 (0: no limit; default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="larger request bodies get 413 (default: %(default)s)")
+    p.add_argument("--max-n", type=int, default=d.max_n, help="samples per prompt at most (default: %(default)s)")
+    p.add_argument("--max-prompts", type=int, default=d.max_prompts, help="prompts per completion request at most (default: %(default)s)")
+    p.add_argument("--max-stop", type=int, default=d.max_stop, help="stop strings per request at most (default: %(default)s)")
+
 def _workload_flags(p, num_requests, prompt, output):
     for flag, default in [("--num-requests", num_requests), ("--min-prompt", prompt[0]), ("--max-prompt", prompt[1]),
                           ("--min-output", output[0]), ("--max-output", output[1]), ("--seed", 0)]:
@@ -109,6 +124,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
     s.add_argument("--served-model-name", default=None, help="the model name clients send (default: the model directory's name)")
     s.add_argument("--log-level", default="info")
+    s.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics too")
+    add_limit_flags(s)
     add_engine_flags(s); s.set_defaults(func=cmd_serve)
     g = sub.add_parser("generate", help="stream one answer to the terminal")
     g.add_argument("prompt"); g.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")

@@ -39,8 +39,7 @@ class LLM:
         groups = []
         try:
             for prompt, p in zip(prompts, params):
-                subs = [dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + j) for j in range(p.n)]
-                groups.append([self.engine.add_request(prompt, sp) for sp in subs])
+                groups.append([self.engine.add_request(prompt, sp) for sp in p.fan_out()])
             self._run(sum(len(g) for g in groups), use_tqdm)
         except BaseException:
             for req in (r for g in groups for r in g): self.engine.abort_request(req.request_id)

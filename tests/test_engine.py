@@ -86,7 +86,7 @@ def test_streaming_deltas_add_up(model_dir):
 
 @pytest.mark.parametrize("prompt, params, match", [
     ("", None, "empty"), ([1, 2, -5], None, r"token ids must be in"), (3.5, None, "a prompt is a string"),
-    ([1] * 9000, None, "context holds"), ("hi", SamplingParams(n=2), "n > 1"),
+    ([1] * 9000, None, "context holds"), ("hi", SamplingParams(n=2), "one sample per request"),
 ])
 def test_bad_requests_are_refused(model_dir, prompt, params, match):
     engine = LLMEngine(model=str(model_dir), num_kv_blocks=16)
@@ -96,3 +96,43 @@ def test_bad_requests_are_refused(model_dir, prompt, params, match):
 def test_request_too_big_for_the_pool(model_dir):
     engine = LLMEngine(model=str(model_dir), num_kv_blocks=4, block_size=16)
     with pytest.raises(ValueError, match="KV blocks"): engine.add_request([5] * 60, SamplingParams(max_tokens=30))
+
+
+POISON = 4242   # a token id that makes the (wrapped) model raise, as a bug or a device error might
+
+
+def test_a_failing_request_fails_alone(random_llama):
+    "A forward pass that raises for one request's tokens fails that request only; the others get their exact tokens."
+    path, hf = random_llama
+    llm = LLM(str(path), max_num_batched_tokens=64)
+    model = llm.engine.model
+    forward = model.forward
+
+    def poisoned(input_ids, positions, attn):
+        if (input_ids == POISON).any():
+            raise RuntimeError("poisoned batch")
+        return forward(input_ids, positions, attn)
+
+    model.forward = poisoned
+    prompts = [[5, 6, 7, 8] * 5, [9, POISON, 11], [12, 13] * 20, [POISON] * 3]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        if POISON in p:
+            assert o.finish_reason == "error" and "poisoned batch" in o.error and o.finished
+        else:
+            assert o.finish_reason == "length" and o.token_ids == hf_greedy(hf, p, 10)
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not llm.engine.requests
+
+
+def test_seeds_and_global_rng(random_llama):
+    "Seeded requests reproduce across engines; the engine never touches torch's global RNG."
+    import torch
+    path, _ = random_llama
+    state = torch.random.get_rng_state()
+    p = SamplingParams(temperature=1.0, max_tokens=8, seed=2**64 - 1, n=3, ignore_eos=True)
+    a = LLM(str(path)).generate([[1, 2, 3]], p, use_tqdm=False)[0]
+    b = LLM(str(path), seed=7).generate([[1, 2, 3]], p, use_tqdm=False)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1   # seeds seed, seed+1, seed+2 (mod 2**64) differ
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -80,7 +80,7 @@ import torch
 rng_before = torch.random.get_rng_state().clone()
 
 from minillm import LLM, SamplingParams
-import minillm.server, minillm.cli
+import minillm.serving.api_server, minillm.cli
 from minillm.cli import main
 try:
     main(["serve", "--help"])

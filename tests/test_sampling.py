@@ -60,10 +60,11 @@ def test_rows_keep_their_own_parameters():
         a, b = sample(logits, st_, gens).tolist()
         assert a in logits[0].topk(2).indices.tolist() and b == int(logits[0].argmax())
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.01), dict(top_k=0), dict(top_k=-5),
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.01), dict(top_k=-5),
                                  dict(max_tokens=0), dict(max_tokens=-1), dict(min_p=-0.1), dict(n=0), dict(seed=1.5),
                                  dict(temperature=None), dict(stop=[1]), dict(stop_token_ids=[-1]),
-                                 dict(min_tokens=5, max_tokens=2)])
+                                 dict(min_tokens=5, max_tokens=2), dict(temperature=1e300), dict(top_p=1e-46),
+                                 dict(seed=2**64), dict(seed=-(2**63) - 1), dict(stop="\ud800"), dict(stop_token_ids=[2**63])])
 def test_invalid_params_raise(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
@@ -96,3 +97,16 @@ def test_stop_token_ids_and_min_tokens(tokenizer):
     assert stream.finish_reason == "stop" and stream.stop_reason == ids[1]
     stream = TextStream(tokenizer, SamplingParams(stop_token_ids=[ids[0]], min_tokens=2, max_tokens=10))
     stream.append(ids[0]); assert not stream.finished   # too early to stop
+
+
+def test_extreme_but_valid_params_sample_sensibly():
+    "top_k beyond the vocabulary (even beyond int64) means all; the smallest top_p keeps the most likely token."
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(top_k=2**70), SamplingParams(top_p=1.2e-38, seed=1), SamplingParams(temperature=3e38)]
+    st_ = SamplingTensors.from_params(params, 50)
+    assert st_.top_k.tolist()[0] == 50
+    for _ in range(20):
+        tokens = sample(logits, st_, [None, make_generator(1), None])
+        assert tokens[1] == logits[1].argmax() and ((0 <= tokens) & (tokens < 50)).all()
+    assert torch.equal(filtered_probs(logits[1], params[1]) > 0, torch.arange(50) == logits[1].argmax())

@@ -1,5 +1,5 @@
 "A real `minillm serve` process on a free localhost port, driven by the official openai client."
-import sys, time
+import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import httpx, openai, pytest
@@ -98,6 +98,12 @@ def test_disconnect_frees_the_pool(server):
         assert metrics(server)["minillm_kv_cache_free_blocks"] < metrics(server)["minillm_kv_cache_total_blocks"]
     wait_pool_free(server)   # the server noticed, aborted the request and freed its blocks
 
+def post_json(url: str, body: dict) -> httpx.Response:
+    "POST `body` as ASCII JSON, so that lone surrogates travel as \\ud800 escapes, as a hostile client would send them."
+    return httpx.post(url, content=json.dumps(body).encode(), timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+
+
 BAD = [
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
@@ -111,14 +117,51 @@ BAD = [
     ({"prompt": ""}, "empty"),
     ({"prompt": "hello " * 9000}, "context"),
     ({"temperature": 0.5}, "prompt"),
+    ({"prompt": "\ud800 lone surrogate"}, "Unicode"),
+    ({"prompt": "hi", "temperature": 1e300}, "temperature"),
+    ({"prompt": "hi", "top_p": 1e-46}, "top_p"),
+    ({"prompt": "hi", "seed": 2**64}, "seed"),
+    ({"prompt": "hi", "n": 10**9}, "n"),
+    ({"prompt": ["hi"] * 1000}, "prompts"),
+    ({"prompt": "hi", "stop": ["x"] * 1000}, "stop"),
+    ({"prompt": "hi", "stop": "x" * 200_000}, "stop"),
+    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "suffix": "!"}, "suffix"),
+    ({"prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"prompt": "hi", "stop_token_ids": [10**6]}, "stop_token_ids"),
+    ({"prompt": [10**6]}, "token ids"),
 ]
 
 @pytest.mark.parametrize("body, word", BAD)
 def test_bad_completion_requests(server, body, word):
-    r = httpx.post(f"{server}/v1/completions", json={"model": NAME, **body}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    r = post_json(f"{server}/v1/completions", {"model": NAME, **body})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert word in err["message"] and err["type"] == "invalid_request_error"
+
+CHAT_BAD = [
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "text"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "image_url"),
+    ({"messages": [{"role": "user", "content": "\udfff"}]}, "Unicode"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+]
+
+
+@pytest.mark.parametrize("body, word", CHAT_BAD)
+def test_bad_chat_bodies(server, body, word):
+    r = post_json(f"{server}/v1/chat/completions", {"model": NAME, **body})
+    assert r.status_code == 400, r.text
+    assert word in r.json()["error"]["message"]
+
+
+def test_fields_that_change_nothing_are_accepted(client):
+    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, user="u-1",
+                                       metadata={"k": "v"}, logit_bias={}, extra_body={"some_vendor_field": 1})
+    assert r.choices[0].finish_reason in ("stop", "length")
+
 
 def test_bad_chat_requests_and_auth(server, client):
     auth = {"Authorization": f"Bearer {KEY}"}

@@ -23,11 +23,13 @@ class RequestStatus(enum.Enum):
 class Request(Sequence):
     "A request: its tokens and blocks (Sequence), sampling parameters, lifecycle and timestamps."
     request_id: str = ""
+    prompt: str | None = None                  # the text it was given, if any (outputs echo it)
     params: SamplingParams = field(default_factory=SamplingParams)
     prompt_len: int = 0
     max_tokens: int = 16                       # the effective limit: params.max_tokens capped by the context
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str | None = None          # "stop", "length" or "abort"
+    finish_reason: str | None = None          # "stop", "length", "abort" or "error"
+    error: str | None = None                  # what went wrong, when finish_reason is "error"
     stream: TextStream | None = None          # detokenizer and stop conditions (set by the engine)
     generator: torch.Generator | None = None  # its own RNG when it has a seed (made by the engine, on its device)
     arrival_time: float = field(default_factory=time.perf_counter)
