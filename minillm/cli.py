@@ -23,7 +23,7 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
     "--kv-cache-memory-gb": ("kv_cache_memory_gb", float, "CPU: memory for the KV pool"),
     "--gpu-memory-utilization": ("gpu_memory_utilization", float, "CUDA: share of device memory to use"),
     "--max-model-len": ("max_model_len", int, "context length (default: the model's)"),
-    "--attention-backend": ("attention_backend", str, "auto, torch or triton"),
+    "--attention-backend": ("attention_backend", str, "auto, torch, cpu or triton"),
 }
 
 def add_engine_flags(p: argparse.ArgumentParser):

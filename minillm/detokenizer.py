@@ -6,55 +6,57 @@
 __all__ = ['TextStream']
 
 # %% ../nbs/01b_sampling.ipynb #9ae089cb
+from tokenizers.decoders import DecodeStream
 from .sampling import SamplingParams
 
 class TextStream:
     "Turns a request's output tokens into text deltas, and decides when the request is finished."
-    def __init__(self, tokenizer, params: SamplingParams, eos_token_ids=(), prompt_ids=(), max_tokens: int | None = None):
+
+    def __init__(self, tokenizer, params: SamplingParams, eos_token_ids=(), prompt_ids=(),
+                 max_tokens: int | None = None):
         self.tokenizer, self.params = tokenizer, params
         self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
         self.stop_ids = frozenset(params.stop_token_ids)
         self.max_tokens = max_tokens or params.max_tokens
         self.hold = max((len(s) for s in params.stop), default=1) - 1
-        self.token_ids: list[int] = []
-        self.context = list(prompt_ids[-4:])  # a few prompt tokens, so the first token decodes with its leading space
-        self.prefix_offset, self.read_offset = 0, len(self.context)
+        self.num_tokens = 0
+        self.decoder = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+        if prompt_ids:   # a few prompt tokens first, so that the first output token decodes with its leading space
+            self.decoder.step(tokenizer.backend_tokenizer, list(prompt_ids[-4:]))
         self.text, self.sent = "", 0
         self.finish_reason: str | None = None   # "stop" or "length"
         self.stop_reason: int | str | None = None  # the stop token id or stop string that matched
 
     @property
-    def finished(self) -> bool: return self.finish_reason is not None
-
-    def _decode_delta(self) -> str:
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
-        ids = self.context
-        before, now = decode(ids[self.prefix_offset:self.read_offset]), decode(ids[self.prefix_offset:])
-        if len(now) <= len(before) or now.endswith("\ufffd"): return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(ids)
-        return now[len(before):]
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
     def _find_stop_string(self, new_chars: int):
         start = max(0, len(self.text) - new_chars - self.hold)
         hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
-        if not hits: return
+        if not hits:
+            return
         i, s = min(hits)
         self.text = self.text[:i + len(s)] if self.params.include_stop_str_in_output else self.text[:i]
         self.finish_reason, self.stop_reason = "stop", s
 
     def append(self, token_id: int) -> str:
         "Add one generated token; return the text that may be shown now."
-        assert not self.finished, "the request has already finished"
-        self.token_ids.append(token_id)
-        n, may_stop = len(self.token_ids), len(self.token_ids) > self.params.min_tokens
-        if may_stop and token_id in self.eos: self.finish_reason = "stop"
-        elif may_stop and token_id in self.stop_ids: self.finish_reason, self.stop_reason = "stop", token_id
+        if self.finished:
+            raise RuntimeError("the request has already finished")
+        self.num_tokens += 1
+        may_stop = self.num_tokens > self.params.min_tokens
+        if may_stop and token_id in self.eos:
+            self.finish_reason = "stop"
+        elif may_stop and token_id in self.stop_ids:
+            self.finish_reason, self.stop_reason = "stop", token_id
         else:
-            self.context.append(token_id)
-            delta = self._decode_delta()
+            delta = self.decoder.step(self.tokenizer.backend_tokenizer, token_id) or ""
             self.text += delta
-            if may_stop and self.params.stop and delta: self._find_stop_string(len(delta))
-        if not self.finished and self.max_tokens is not None and n >= self.max_tokens: self.finish_reason = "length"
+            if may_stop and self.params.stop and delta:
+                self._find_stop_string(len(delta))
+        if not self.finished and self.max_tokens is not None and self.num_tokens >= self.max_tokens:
+            self.finish_reason = "length"
         end = len(self.text) if self.finished else max(self.sent, len(self.text) - self.hold)
         delta, self.sent = self.text[self.sent:end], end
         return delta

@@ -84,9 +84,19 @@ def test_engine_with_triton_backend_equals_transformers(random_llama):
 def test_backend_choice(monkeypatch):
     from minillm.engine.model_runner import resolve_attention_backend
     cpu = torch.device("cpu")
-    assert resolve_attention_backend("auto", cpu) == "torch"
+    assert resolve_attention_backend("auto", cpu, 64) == "cpu"   # the C++ kernel of chapter 8a builds here
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert resolve_attention_backend("triton", cpu) == "triton"   # CPU tensors: only in the interpreter
+    assert resolve_attention_backend("triton", cpu, 64) == "triton"   # CPU tensors: only in the interpreter
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        resolve_attention_backend("triton", cpu, 80)
     monkeypatch.delenv("TRITON_INTERPRET")
-    with pytest.raises(ValueError, match="needs the triton package and a CUDA device"): resolve_attention_backend("triton", cpu)
-    with pytest.raises(ValueError, match="choose 'auto', 'torch' or 'triton'"): resolve_attention_backend("flash", cpu)
+    with pytest.raises(ValueError, match="needs the triton package, a CUDA device"):
+        resolve_attention_backend("triton", cpu, 64)
+    with pytest.raises(ValueError, match="choose one of auto, torch, cpu, triton"):
+        resolve_attention_backend("flash", cpu, 64)
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        assert resolve_attention_backend("auto", cuda, 128) == "triton"
+        assert resolve_attention_backend("auto", cuda, 80) == "torch"   # not a power of two: the reference
+        with pytest.raises(ValueError, match="needs the model on the CPU"):
+            resolve_attention_backend("cpu", cuda, 64)

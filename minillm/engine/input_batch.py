@@ -22,19 +22,27 @@ class FlatBatch:
 def build_flat_batch(seqs: list[Sequence], num_new_tokens: list[int], block_size: int, device="cpu") -> FlatBatch:
     "The flat batch that computes tokens [num_computed, num_computed + n) of each sequence."
     ids, positions, slots, cu, ctx = [], [], [], [0], []
-    for seq, n in zip(seqs, num_new_tokens):
-        start = seq.num_computed_tokens
-        assert n >= 1 and start + n <= len(seq) and len(seq.block_table) * block_size >= start + n, "allocate blocks first"
-        pos = torch.arange(start, start + n)
-        table = torch.tensor(seq.block_table)
-        ids.extend(seq.token_ids[start:start + n]); positions.append(pos)
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-        cu.append(cu[-1] + n); ctx.append(start + n)
+    for seq, n in zip(seqs, num_new_tokens):   # plain Python lists: a few list operations per sequence
+        start, end, table = seq.num_computed_tokens, seq.num_computed_tokens + n, seq.block_table
+        if not (n >= 1 and end <= len(seq) and len(table) * block_size >= end):
+            raise ValueError(f"sequence {seq.seq_id}: tokens [{start}, {end}) need their blocks allocated first")
+        ids += seq.token_ids[start:end]
+        positions += range(start, end)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        cu.append(cu[-1] + n)
+        ctx.append(end)
     width = max(len(s.block_table) for s in seqs)
-    tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], dtype=torch.int32)
-    md = AttentionMetadata(cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-                           context_lens=torch.tensor(ctx, dtype=torch.int32, device=device),
-                           block_tables=tables.to(device), slot_mapping=torch.cat(slots).to(device),
+    tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+    tensor = lambda x, dtype: _to_device(torch.tensor(x, dtype=dtype), device)   # then one copy each
+    md = AttentionMetadata(cu_seqlens_q=tensor(cu, torch.int32), context_lens=tensor(ctx, torch.int32),
+                           block_tables=tensor(tables, torch.int32), slot_mapping=tensor(slots, torch.long),
                            query_lens=list(num_new_tokens), context_lens_list=ctx, query_starts=cu[:-1])
-    return FlatBatch(torch.tensor(ids, device=device), torch.cat(positions).to(device), md,
-                     torch.tensor(cu[1:], device=device) - 1)
+    return FlatBatch(tensor(ids, torch.long), tensor(positions, torch.long), md,
+                     tensor([c - 1 for c in cu[1:]], torch.long))
+
+
+def _to_device(t: torch.Tensor, device) -> torch.Tensor:
+    "`t` on `device`; to a GPU through pinned memory, so the copy does not wait for the host."
+    if torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

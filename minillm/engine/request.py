@@ -44,6 +44,8 @@ class Request(Sequence):
     @property
     def output_ids(self) -> list[int]: return self.token_ids[self.prompt_len:]
     @property
+    def num_output_tokens(self) -> int: return len(self.token_ids) - self.prompt_len
+    @property
     def num_pending_tokens(self) -> int: return len(self.token_ids) - self.num_computed_tokens
     @property
     def finished(self) -> bool: return self.status == RequestStatus.FINISHED

@@ -118,7 +118,7 @@ def _sse(obj) -> str:
 
 def _usage(outs: dict[int, RequestOutput], n: int) -> dict:
     "Token counts: each prompt once (its n samples share it), every completion."
-    prompt = sum(len(o.prompt_token_ids) for i, o in outs.items() if i % n == 0)
+    prompt = sum(o.num_prompt_tokens for i, o in outs.items() if i % n == 0)
     completion = sum(len(o.token_ids) for o in outs.values())
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -312,9 +312,13 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics):
         return error_response(e)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_body(_, e: RequestValidationError):
+    async def bad_body(request: HTTPRequest, e: RequestValidationError):
         metrics.rejected.labels("invalid").inc()
-        return error_response(APIError(400, validation_message(list(e.errors())) or "invalid body"))
+        errors = list(e.errors())
+        message = validation_message(errors) or "invalid body"
+        if errors and tuple(errors[0].get("loc", ())) == ("body",) and "json" not in request.headers.get("content-type", ""):
+            message = "the request body must be a JSON object, sent with Content-Type: application/json"
+        return error_response(APIError(400, message))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_, e: StarletteHTTPException):

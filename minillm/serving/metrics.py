@@ -59,7 +59,7 @@ class ServerMetrics:
             times = o.token_times
             if len(times) == 1:
                 self.ttft.observe(times[0] - o.arrival_time)
-                self.prompt_tokens.inc(len(o.prompt_token_ids))
+                self.prompt_tokens.inc(o.num_prompt_tokens)
             elif len(times) > 1:
                 self.itl.observe(times[-1] - times[-2])
             if o.finished:
