@@ -1,7 +1,6 @@
 import os, pytest, torch
 # Chapter 8's Triton kernels run on CPU tensors only in the interpreter; it must be chosen before triton is imported.
 if not torch.cuda.is_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
-from transformers import LlamaConfig, LlamaForCausalLM
 from minillm.loader import resolve_model_path, load_tokenizer, load_hf_model, eos_token_ids
 
 @pytest.fixture(scope="session")
@@ -17,12 +16,11 @@ def hf_model(model_dir): return load_hf_model(model_dir, dtype=torch.float32)
 def eos_ids(model_dir, tokenizer): return eos_token_ids(model_dir, tokenizer)
 
 @pytest.fixture(scope="session")
-def random_llama(tmp_path_factory, tokenizer):
-    "A small randomly initialised Llama (GQA 4:2, head_dim 32) with the default model's tokenizer."
-    path = tmp_path_factory.mktemp("random-llama")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
-    hf = LlamaForCausalLM(cfg).eval()
-    hf.save_pretrained(path); tokenizer.save_pretrained(path)
-    return path, hf
+def random_llama(tmp_path_factory):
+    """A small randomly initialised Llama (GQA 4:2, head_dim 32) with a word-level tokenizer: it needs neither the
+    default model nor a network, so the kernel and CUDA-graph tests also run on a bare GPU machine."""
+    from minillm.bench.random_models import random_model_dir
+    path = random_model_dir(tmp_path_factory.mktemp("random-llama"), "SmolLM2-135M", hidden_size=128, intermediate_size=256,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            max_position_embeddings=512)
+    return path, load_hf_model(path, dtype=torch.float32)

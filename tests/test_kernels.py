@@ -53,17 +53,22 @@ def test_half_precision(dtype):
     compare([(n - 1, 1) for n in (1, 16, 17, 300)], 4, 1, 128, 32, dtype=dtype, num_splits=2)
 
 def test_store_kv_skips_negative_slots_and_accepts_qkv_slices():
-    ref, pool = PagedKVCache(1, 4, 16, 2, 64), PagedKVCache(1, 4, 16, 2, 64)
-    qkv = torch.randn(6, 3 * 128)   # k and v as column slices of a fused projection, as the model makes them
+    "On the device the kernels run on (compiled Triton refuses CPU pointers)."
+    ref, pool = PagedKVCache(1, 4, 16, 2, 64, device=DEVICE), PagedKVCache(1, 4, 16, 2, 64, device=DEVICE)
+    qkv = torch.randn(6, 3 * 128, device=DEVICE)   # k and v as column slices of a fused projection, as the model makes them
     k, v = qkv[:, 128:256].view(6, 2, 64), qkv[:, 256:].view(6, 2, 64)
-    slots = torch.tensor([3, 17, -1, 40, 63, -1])
+    slots = torch.tensor([3, 17, -1, 40, 63, -1], device=DEVICE)
     ref.write(0, k[slots >= 0], v[slots >= 0], slots[slots >= 0])
     store_kv(pool, 0, k, v, slots)
     assert torch.equal(pool.k, ref.k) and torch.equal(pool.v, ref.v)
 
 def test_bad_head_dim_is_a_clear_error():
-    pool = PagedKVCache(1, 4, 16, 1, 48)
+    "Refused before any kernel runs, on any device."
+    pool = PagedKVCache(1, 4, 16, 1, 48, device=DEVICE)
     _, batch, q, k, v, _ = random_paged_batch([(0, 3)], 2, 1, 48, 16)
+    q, k, v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        store_kv(pool, 0, k, v, batch.metadata.slot_mapping.to(DEVICE))
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         PagedAttention(pool, batch.metadata, TRITON_ATTENTION)(0, q, k, v)
 

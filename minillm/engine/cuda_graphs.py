@@ -35,6 +35,7 @@ class CUDAGraphDecoder:
         self.context_lens = torch.zeros(max_batch, **i32)
         self.block_tables = torch.zeros(max_batch, max_blocks, **i32)
         self.cu_seqlens_q = torch.arange(max_batch + 1, **i32)
+        self.logits_buffer = torch.empty(max_batch, model.config.vocab_size, dtype=torch.float32, device=device)
         self.steps, self.logits, self.graphs, pool = {}, {}, {}, None
         with torch.inference_mode():                # no autograd state recorded into the graphs
             for bs in reversed(self.batch_sizes):   # largest first: the smaller graphs reuse its memory pool
@@ -51,7 +52,11 @@ class CUDAGraphDecoder:
                                block_tables=self.block_tables[:bs], slot_mapping=self.slot_mapping[:bs],
                                query_lens=[1] * bs, context_lens_list=[max_model_len] * bs, query_starts=list(range(bs)))
         attn = PagedAttention(self.cache, md, TRITON_ATTENTION)   # its plan (and split-K factor) is fixed here
-        return lambda: self.model.compute_logits(self.model(self.input_ids[:bs], self.positions[:bs], attn))
+        out = self.logits_buffer[:bs]
+
+        def step():   # the logits land in one buffer shared by every graph: no per-size copy of [bs, vocab] stays alive
+            return out.copy_(self.model.compute_logits(self.model(self.input_ids[:bs], self.positions[:bs], attn)))
+        return step
 
     def can_run(self, batch: FlatBatch) -> bool:
         n = len(batch.input_ids)

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import torch
 from ..detokenizer import TextStream
 from .block_manager import BlockManager
-from .model_runner import ModelRunner, num_kv_blocks_for_memory
+from .model_runner import (ModelRunner, cuda_memory_snapshot, load_attention_backend,
+                                        num_kv_blocks_for_memory, profile_run, resolve_attention_backend)
 from .request import Request
 from .scheduler import Scheduler, SchedulerOutput
 from ..loader import DEFAULT_GGUF_FILE, resolve_model_path, load_tokenizer, eos_token_ids
 from ..metrics import RequestLatency
-from ..model import load_model, no_cache_attention
+from ..model import load_model
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
 
 logger = logging.getLogger("minillm")
@@ -127,10 +128,11 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
         device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
+        baseline = cuda_memory_snapshot(device) if device.type == "cuda" else None   # before the weights
         self.model = load_model(self.model_path, dtype, device)
         mcfg = self.model.config
         self.max_model_len = min(cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
-        num_blocks = cfg.num_kv_blocks or self._size_kv_pool(device, dtype)
+        num_blocks = cfg.num_kv_blocks or self._size_kv_pool(device, dtype, baseline)
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cfg.attention_backend,
                                   cuda_graph_max_batch=0 if cfg.enforce_eager else cfg.max_num_seqs,
                                   max_model_len=self.max_model_len, seed=cfg.seed)
@@ -142,16 +144,26 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._ids, self._seq_ids = itertools.count(), itertools.count()
 
-    def _size_kv_pool(self, device, dtype) -> int:
-        if device.type == "cuda":   # measure peak activation memory with the largest batch, then size the pool
+    def _size_kv_pool(self, device, dtype, baseline) -> int:
+        "The number of KV blocks that fit (see `num_kv_blocks_for_memory`); on CUDA after a profile run."
+        cfg, mcfg = self.config, self.model.config
+        extra = 0
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-            n = self.config.max_num_batched_tokens
-            with torch.inference_mode():
-                self.model.compute_logits(self.model(torch.zeros(n, dtype=torch.long, device=device),
-                                                     torch.arange(n, device=device), no_cache_attention))
+            before = torch.cuda.memory_allocated(device)
+            backend = load_attention_backend(resolve_attention_backend(cfg.attention_backend, device, mcfg.head_dim))
+            pool_bytes = profile_run(self.model, backend, cfg.max_num_batched_tokens, self.max_model_len - 1,
+                                     cfg.max_num_seqs, cfg.block_size)
             torch.cuda.synchronize(device)
-        return num_kv_blocks_for_memory(self.model.config, self.config.block_size, dtype, device,
-                                        self.config.kv_cache_memory_gb, self.config.gpu_memory_utilization)
+            activations = torch.cuda.max_memory_allocated(device) - before - pool_bytes
+            extra = -pool_bytes
+            if not cfg.enforce_eager:   # CUDA graphs keep a decode step's activations and one logits buffer
+                extra += activations * min(1.0, cfg.max_num_seqs / cfg.max_num_batched_tokens)
+                extra += cfg.max_num_seqs * mcfg.vocab_size * 4
+            torch.cuda.empty_cache()   # what the profile run reserved and no longer uses
+        return num_kv_blocks_for_memory(mcfg, cfg.block_size, dtype, device, cfg.kv_cache_memory_gb,
+                                        cfg.gpu_memory_utilization, baseline, int(extra))
 
     def make_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                      request_id: str | None = None, arrival_time: float | None = None) -> Request:
