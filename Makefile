@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve run bench bench-online export clean readme nbs test test-nbs test-py docs preview screenshots gpu-check gpu-check-dry
+.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-check-dry
 
 venv: $(STAMP)
 
@@ -35,8 +35,10 @@ bench-online: $(STAMP)  ## online load test (Poisson rates) against the server t
 	mkdir -p bench-results
 	$(BIN)/minillm bench online --base-url http://$(HOST):$(PORT)/v1 --ignore-eos --output bench-results/online.json --plot bench-results/online.png
 
-export: $(STAMP)  ## notebooks -> minillm/*.py and README.md
+export: $(STAMP)  ## notebooks -> minillm/*.py (nbdev, then ruff's formatter) and README.md
 	$(BIN)/nbdev-export
+	$(BIN)/ruff format -q minillm
+	$(BIN)/ruff check -q --fix minillm
 	$(BIN)/python scripts/readme.py
 
 clean: $(STAMP)  ## strip notebook metadata nbdev does not keep
@@ -53,13 +55,17 @@ nbs: $(STAMP)  ## execute notebooks in place, one at a time so measurements do n
 	$(NB_ENV) $(BIN)/nbdev-test --save --flags notest --n-workers 1 $(NB)
 	$(BIN)/nbdev-clean
 
-test: test-nbs test-py
+test: lint test-nbs test-py
 
 test-nbs: $(STAMP)
 	$(NB_ENV) $(BIN)/nbdev-test --n-workers 2
 
 test-py: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)  ## ruff: the notebooks formatted, the package (as `make export` writes it) lint-free
+	$(BIN)/ruff format --check -q nbs minillm || (echo "run 'make export' (it formats) and commit" && false)
+	$(BIN)/ruff check -q nbs minillm
 
 # The GPU path, proven (scripts/gpu_check.py): on a bare CUDA machine, with the python3 it has and nothing installed.
 GPU_OUT ?= gpu-results

@@ -17,7 +17,14 @@ _EXPORTS = {
     "RequestOutput": "minillm.engine.llm_engine",
     "CompletionOutput": "minillm.engine.llm_engine",
 }
-__all__ = list(_EXPORTS)
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "EngineConfig",
+    "LLMEngine",
+    "RequestOutput",
+    "CompletionOutput",
+]
 
 if TYPE_CHECKING:
     from minillm.engine.llm_engine import CompletionOutput, EngineConfig, LLMEngine, RequestOutput

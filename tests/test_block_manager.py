@@ -20,7 +20,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         "A new sequence: prefix lookup, then blocks for the rest of its prompt, computed in one go."
         tokens = [t for p in pieces for t in PIECES[p]] + list(range(100, 100 + tail))
         seq = Sequence(self.next_id, tokens); self.next_id += 1
-        hit = self.bm.match_prefix(seq)
+        hit = seq.num_computed_tokens = self.bm.match_prefix(seq)
         assert hit % BLOCK == 0 and hit < len(tokens)
         for i, block_id in enumerate(seq.block_table):   # a hit holds exactly the right tokens
             assert self.bm.blocks[block_id].token_ids == tuple(tokens[i * BLOCK:(i + 1) * BLOCK])
@@ -43,14 +43,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.bm.can_allocate(seq, 1):
             self.bm.allocate(seq, 1); seq.num_computed_tokens += 1; self.bm.cache_blocks(seq)
         else:   # out of blocks: preempt it, as the scheduler would
-            self.bm.free(seq); self.live.remove(seq)
+            self.bm.free(seq); seq.num_computed_tokens = 0; self.live.remove(seq)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100))
     def finish(self, i):
         seq = self.live.pop(i % len(self.live))
         self.bm.free(seq)
-        assert not seq.block_table and seq.num_computed_tokens == 0
+        assert not seq.block_table and not seq.block_hashes
 
     @invariant()
     def ref_counts_equal_users(self):
@@ -99,4 +99,4 @@ def test_full_prompt_hit_recomputes_last_block():
     a = Sequence(0, list(range(8)))
     bm.match_prefix(a); bm.allocate(a, 8); a.num_computed_tokens = 8; bm.cache_blocks(a)
     b = Sequence(1, list(range(8)))
-    assert bm.match_prefix(b) == 4 and b.num_computed_tokens == 4
+    assert bm.match_prefix(b) == 4 and b.block_table == a.block_table[:1]

@@ -48,6 +48,7 @@ def test_model_on_paged_cache_equals_transformers(model_dir, tokenizer, hf_model
     for round_ in range(2):   # the second round hits the prefix cache
         seqs = [Sequence(i, list(p)) for i, p in enumerate(prompts)]
         hits = [bm.match_prefix(s) for s in seqs]
+        for s, hit in zip(seqs, hits): s.num_computed_tokens = hit
         assert (sum(hits) > 0) == (round_ == 1)
         for s in seqs: bm.allocate(s, len(s) - s.num_computed_tokens)
         new = [len(s) - s.num_computed_tokens for s in seqs]

@@ -1,1 +1,1 @@
-"The engine: block manager, KV pool, attention, scheduler, model runner and `LLMEngine` (chapters 4-8)."
+"The engine: block manager, KV pool, attention, scheduler, model runner and `LLMEngine`."
