@@ -232,6 +232,26 @@ d = {
                 "minillm/course/batching.py",
             ),
         },
+        "minillm.course.chapter": {
+            "minillm.course.chapter.ChapterRun": (
+                "loader.html#chapterrun",
+                "minillm/course/chapter.py",
+            ),
+            "minillm.course.chapter.ChapterRun.__init__": (
+                "loader.html#chapterrun.__init__",
+                "minillm/course/chapter.py",
+            ),
+            "minillm.course.chapter.ChapterRun.done": (
+                "loader.html#chapterrun.done",
+                "minillm/course/chapter.py",
+            ),
+            "minillm.course.chapter._same": ("loader.html#_same", "minillm/course/chapter.py"),
+            "minillm.course.chapter.check": ("loader.html#check", "minillm/course/chapter.py"),
+            "minillm.course.chapter.machine_summary": (
+                "loader.html#machine_summary",
+                "minillm/course/chapter.py",
+            ),
+        },
         "minillm.course.contiguous": {
             "minillm.course.contiguous.ContiguousKVCache": (
                 "kv_cache.html#contiguouskvcache",
