@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-check-dry
+.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-check-dry lab lab-screenshot
 
 venv: $(STAMP)
 
@@ -63,9 +63,9 @@ test-nbs: $(STAMP)
 test-py: $(STAMP)
 	$(BIN)/python -m pytest tests
 
-lint: $(STAMP)  ## ruff: the notebooks formatted, the package (as `make export` writes it) lint-free
-	$(BIN)/ruff format --check -q nbs minillm || (echo "run 'make export' (it formats) and commit" && false)
-	$(BIN)/ruff check -q nbs minillm
+lint: $(STAMP)  ## ruff: notebooks, package (as `make export` writes it), tests and scripts formatted and lint-free
+	$(BIN)/ruff format --check -q nbs minillm tests scripts || (echo "run 'make export' (it formats) and commit" && false)
+	$(BIN)/ruff check -q nbs minillm tests scripts
 
 # The GPU path, proven (scripts/gpu_check.py): on a bare CUDA machine, with the python3 it has and nothing installed.
 GPU_OUT ?= gpu-results
@@ -74,6 +74,22 @@ gpu-check:  ## on a CUDA machine: kernel and CUDA-graph tests, exactness, kernel
 
 gpu-check-dry: $(STAMP)  ## the same code on tiny shapes under the Triton interpreter: runs on any CPU (CI runs it in make test)
 	PYTHONPATH=. $(BIN)/python scripts/gpu_check.py $(GPU_OUT)-dry --dry
+
+# The course in JupyterLab, bound to this machine only, with the project's .venv as the kernel and no
+# network calls (news, update checks, the extension manager's PyPI lookups).
+LAB_PORT ?= 8888
+LAB_FLAGS = --ip=$(HOST) --port=$(LAB_PORT) --ServerApp.root_dir=nbs --LabApp.news_url=None \
+	--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate --LabApp.extension_manager=readonly
+LAB_SETTINGS = $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_SETTINGS): $(STAMP)
+	mkdir -p $(dir $@)
+	echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+
+lab: $(LAB_SETTINGS)  ## the course in JupyterLab on http://HOST:LAB_PORT (open 00_index.ipynb; Run > Run All Cells)
+	$(BIN)/jupyter lab $(LAB_FLAGS) $(if $(filter root,$(shell whoami)),--allow-root)
+
+lab-screenshot: $(LAB_SETTINGS)  ## headless Chromium (apt-get install chromium) shot of a chapter open in JupyterLab
+	$(BIN)/python scripts/lab_screenshot.py $(NB)
 
 DOCS_OUT := docs/_build/html
 DOCS_PORT ?= 8080

@@ -1,5 +1,8 @@
-"Print a notebook's stored text outputs and save its images to a folder (for reviewing executed notebooks)."
-import base64, json, sys
+"Print a notebook's stored text outputs and save its images to a folder (to review a run)."
+
+import base64
+import json
+import sys
 from pathlib import Path
 
 nb, out = Path(sys.argv[1]), Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/nb_images")
@@ -10,4 +13,5 @@ for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
             (out / f"{nb.stem}_{i}.png").write_bytes(base64.b64decode(o["data"]["image/png"]))
             print(f"[cell {i}: image {out / f'{nb.stem}_{i}.png'}]")
         text = "".join(o.get("text", "")) or "".join(o.get("data", {}).get("text/plain", ""))
-        if text and "image/png" not in o.get("data", {}): print(f"[cell {i}]", text[:1500])
+        if text and "image/png" not in o.get("data", {}):
+            print(f"[cell {i}]", text[:1500])

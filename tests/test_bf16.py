@@ -1,4 +1,4 @@
-"""bfloat16 as a first-class dtype: minillm in bf16 against transformers in bf16, on the default model.
+"""bfloat16 as a first-class dtype: minillm in bf16 against transformers in bf16 (default model).
 
 Two computations in bfloat16 that round at different places cannot agree bit for bit, so the tests
 state what must hold: logits within a tolerance of the logit scale, and greedy tokens equal except
@@ -16,9 +16,16 @@ from minillm.loader import encode_chat, load_hf_model
 from minillm.model import no_cache_attention
 from minillm.sampling import SamplingParams
 
-QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
-             "What is 12 times 7?", "Explain gravity in one sentence.", "List the days of the week.",
-             "Who wrote Hamlet?", "Translate 'cat' into French."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Explain gravity in one sentence.",
+    "List the days of the week.",
+    "Who wrote Hamlet?",
+    "Translate 'cat' into French.",
+]
 STEPS = 24
 
 
@@ -47,23 +54,38 @@ def test_greedy_tokens_equal_except_near_ties(bf16, tokenizer):
     llm, hf = bf16
     assert llm.config.dtype == "bfloat16"
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True), use_tqdm=False
+    )
     gc = hf.generation_config
-    saved, gc.eos_token_id = gc.eos_token_id, None   # through EOS, as ignore_eos does
+    saved, gc.eos_token_id = gc.eos_token_id, None  # through EOS, as ignore_eos does
     near_ties = []
     try:
         for p, o in zip(prompts, outs):
-            g = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), do_sample=False,
-                            max_new_tokens=STEPS, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-            ref = g.sequences[0, len(p):].tolist()
+            g = hf.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=STEPS,
+                pad_token_id=0,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            ref = g.sequences[0, len(p) :].tolist()
             i = next((i for i, (a, b) in enumerate(zip(o.token_ids, ref)) if a != b), None)
             if i is None:
                 continue
             scores = g.scores[i][0].float()
             gap = float(scores[ref[i]] - scores[o.token_ids[i]])
-            assert 0 <= gap <= 4 * bf16_ulp(float(scores[ref[i]])), (i, gap)   # a near-tie, not an error
+            assert 0 <= gap <= 4 * bf16_ulp(float(scores[ref[i]])), (
+                i,
+                gap,
+            )  # a near-tie, not an error
             near_ties.append((i, gap))
     finally:
         gc.eos_token_id = saved
-    print(f"bf16: {len(prompts) - len(near_ties)} of {len(prompts)} greedy continuations equal for {STEPS} tokens; "
-          f"the others part at near-ties (step, transformers' logit gap): {near_ties}")
+    print(
+        f"bf16: {len(prompts) - len(near_ties)} of {len(prompts)} greedy continuations equal "
+        f"for {STEPS} tokens; "
+        f"the others part at near-ties (step, transformers' logit gap): {near_ties}"
+    )

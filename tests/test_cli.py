@@ -1,41 +1,96 @@
 "The `minillm` command line."
-import subprocess, sys
+
+import subprocess
+import sys
 from pathlib import Path
+
 import pytest
 
 MINILLM = str(Path(sys.executable).parent / "minillm")
 
+
 @pytest.mark.parametrize("cmd", ["serve", "generate", "chat", "bench offline"])
 def test_help(cmd):
-    out = subprocess.run([MINILLM, *cmd.split(), "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [MINILLM, *cmd.split(), "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "--max-num-seqs" in out and "--model" in out
 
+
 def test_bench_modes():
-    out = subprocess.run([MINILLM, "bench", "online", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [MINILLM, "bench", "online", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert all(f in out for f in ("--base-url", "--rates", "--ignore-eos", "--output", "--plot"))
     from minillm.cli import _default_bench_mode, parser
-    for argv, mode in [(["bench"], "offline"), (["bench", "--num-requests", "4"], "offline"), (["bench", "online"], "online")]:
+
+    for argv, mode in [
+        (["bench"], "offline"),
+        (["bench", "--num-requests", "4"], "offline"),
+        (["bench", "online"], "online"),
+    ]:
         args = parser().parse_args(_default_bench_mode(argv))
         assert args.mode == mode and args.num_requests == (4 if "4" in argv else 32)
 
+
 def test_generate_streams_the_answer(model_dir):
-    out = subprocess.run([MINILLM, "generate", "What is the capital of France?", "--max-tokens", "24", "--model", str(model_dir)],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
+    out = subprocess.run(
+        [
+            MINILLM,
+            "generate",
+            "What is the capital of France?",
+            "--max-tokens",
+            "24",
+            "--model",
+            str(model_dir),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     assert "Paris" in out
+
 
 def test_chat_reads_turns_until_eof(model_dir):
-    out = subprocess.run([MINILLM, "chat", "--max-tokens", "16", "--model", str(model_dir)], input="What is the capital of France?\n",
-                         capture_output=True, text=True, check=True, timeout=300).stdout
+    out = subprocess.run(
+        [MINILLM, "chat", "--max-tokens", "16", "--model", str(model_dir)],
+        input="What is the capital of France?\n",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     assert "Paris" in out
 
+
 def test_bad_model_path_is_a_clear_error():
-    r = subprocess.run([MINILLM, "generate", "hi", "--model", "/no/such/model"], capture_output=True, text=True)
+    r = subprocess.run(
+        [MINILLM, "generate", "hi", "--model", "/no/such/model"], capture_output=True, text=True
+    )
     assert r.returncode != 0 and "does not exist" in r.stderr
+
 
 def test_engine_flags_reach_the_engine_config():
     from minillm.cli import engine_kwargs, parser
     from minillm.engine.llm_engine import EngineConfig
-    args = parser().parse_args(["serve", "--attention-backend", "triton", "--enforce-eager", "--no-prefix-caching", "--block-size", "32"])
+
+    args = parser().parse_args(
+        [
+            "serve",
+            "--attention-backend",
+            "triton",
+            "--enforce-eager",
+            "--no-prefix-caching",
+            "--block-size",
+            "32",
+        ]
+    )
     cfg = EngineConfig(**engine_kwargs(args))
-    assert (cfg.attention_backend, cfg.enforce_eager, cfg.enable_prefix_caching, cfg.block_size) == ("triton", True, False, 32)
+    assert (
+        cfg.attention_backend,
+        cfg.enforce_eager,
+        cfg.enable_prefix_caching,
+        cfg.block_size,
+    ) == ("triton", True, False, 32)
     assert EngineConfig(**engine_kwargs(parser().parse_args(["serve"]))) == EngineConfig()

@@ -1,9 +1,9 @@
-"""Chapter 8a's C++ CPU kernel against chapter 4's torch reference, and the engine with it against transformers."""
+"""Chapter 8a's C++ kernel against chapter 4's reference; the engine with it vs transformers."""
 
 import pytest
 import torch
-
 from helpers import hf_greedy
+
 from minillm.course.paged import random_paged_batch
 from minillm.engine.attention import TORCH_ATTENTION, PagedAttention
 from minillm.kernels.cpu_attention import CPU_ATTENTION
@@ -17,8 +17,12 @@ def both(cases, heads, kv_heads, head_dim, block_size, dtype, seed=0):
     "The same batch through the reference and the CPU backend (each on its own copy of the pool)."
     outs, pools = [], []
     for backend in (TORCH_ATTENTION, CPU_ATTENTION):
-        pool, batch, q, k, v, _ = random_paged_batch(cases, heads, kv_heads, head_dim, block_size, dtype, seed)
-        if backend is TORCH_ATTENTION and dtype != torch.float32:   # the reference in float32, from the same values
+        pool, batch, q, k, v, _ = random_paged_batch(
+            cases, heads, kv_heads, head_dim, block_size, dtype, seed
+        )
+        if (
+            backend is TORCH_ATTENTION and dtype != torch.float32
+        ):  # the reference in float32, from the same values
             pool.k, pool.v = pool.k.float(), pool.v.float()
             q, k, v = q.float(), k.float(), v.float()
         outs.append(PagedAttention(pool, batch.metadata, backend)(0, q, k, v))
@@ -27,11 +31,20 @@ def both(cases, heads, kv_heads, head_dim, block_size, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (16, 8, 128), (4, 4, 32), (8, 1, 96), (6, 2, 80),
-                                                       (4, 2, 256)])
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim",
+    [(9, 3, 64), (16, 8, 128), (4, 4, 32), (8, 1, 96), (6, 2, 80), (4, 2, 256)],
+)
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_decodes_and_chunks_match_the_reference(dtype, heads, kv_heads, head_dim, block_size):
-    edge = [(0, 1), (block_size - 1, 1), (block_size, 1), (block_size + 1, 1), (3 * block_size, 1), (300, 1)]
+    edge = [
+        (0, 1),
+        (block_size - 1, 1),
+        (block_size, 1),
+        (block_size + 1, 1),
+        (3 * block_size, 1),
+        (300, 1),
+    ]
     for cases in (edge, [(0, 37), (45, 20), (64, 1), (5, 1), (0, block_size)]):
         (ref, out), (ref_pool, pool) = both(cases, heads, kv_heads, head_dim, block_size, dtype)
         torch.testing.assert_close(out.float(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
@@ -44,8 +57,9 @@ def test_kernel_reads_strided_query_rows():
     pool, batch, q, k, v, _ = random_paged_batch(cases, 8, 2, 64, 16)
     qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], 1)
     qs, ks, vs = qkv.split([8 * 64, 2 * 64, 2 * 64], 1)
-    out = PagedAttention(pool, batch.metadata, CPU_ATTENTION)(0, qs.view(-1, 8, 64), ks.view(-1, 2, 64),
-                                                              vs.view(-1, 2, 64))
+    out = PagedAttention(pool, batch.metadata, CPU_ATTENTION)(
+        0, qs.view(-1, 8, 64), ks.view(-1, 2, 64), vs.view(-1, 2, 64)
+    )
     ref_pool, *_ = random_paged_batch(cases, 8, 2, 64, 16)
     ref = PagedAttention(ref_pool, batch.metadata, TORCH_ATTENTION)(0, q, k, v)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -54,9 +68,14 @@ def test_kernel_reads_strided_query_rows():
 def test_engine_with_cpu_backend_equals_transformers(random_llama):
     path, hf = random_llama
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(100, 5000, (n,), generator=g).tolist() for n in (5, 17, 31, 2, 40, 9, 64)]
+    prompts = [
+        torch.randint(100, 5000, (n,), generator=g).tolist() for n in (5, 17, 31, 2, 40, 9, 64)
+    ]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    for kw in (dict(), dict(num_kv_blocks=12, max_num_batched_tokens=24, block_size=8)):   # + preemption, chunks
+    for kw in (
+        dict(),
+        dict(num_kv_blocks=12, max_num_batched_tokens=24, block_size=8),
+    ):  # + preemption, chunks
         llm = LLM(str(path), attention_backend="cpu", **kw)
         assert llm.config.attention_backend == "cpu"
         outs = llm.generate(prompts, params, use_tqdm=False)

@@ -1,4 +1,4 @@
-"""The runtime package needs only its declared runtime dependencies, and importing it changes nothing.
+"""The runtime package needs only its declared runtime dependencies; importing it changes nothing.
 
 A subprocess blocks every installed module that the dependency closure of `minillm` (without
 extras) does not reach: nbdev, matplotlib, IPython, pytest, hypothesis, sphinx... are then
@@ -49,7 +49,16 @@ def dev_only_modules() -> list[str]:
 
 def test_the_closure_blocks_what_only_development_needs():
     blocked = set(dev_only_modules())
-    for dev in ("nbdev", "execnb", "matplotlib", "IPython", "hypothesis", "sphinx", "pytest", "fastcore"):
+    for dev in (
+        "nbdev",
+        "execnb",
+        "matplotlib",
+        "IPython",
+        "hypothesis",
+        "sphinx",
+        "pytest",
+        "fastcore",
+    ):
         assert dev in blocked, f"{dev} is reachable from minillm's runtime dependencies"
     for runtime in ("torch", "transformers", "fastapi", "uvicorn", "safetensors"):
         assert runtime not in blocked
@@ -61,7 +70,7 @@ BLOCKED, RUNTIME = (set(x) for x in json.loads(sys.argv[1]))
 canonical = lambda name: name.lower().replace("_", "-").replace(".", "-")
 
 class Hide(importlib.abc.MetaPathFinder):
-    "A finder that does not find blocked modules: they look absent, to imports and to find_spec alike."
+    "A finder that does not find blocked modules: absent to imports and to find_spec alike."
     def __init__(self, finder): self.finder = finder
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in BLOCKED: return None
@@ -87,10 +96,10 @@ try:
 except SystemExit as e:
     assert e.code == 0, e.code
 llm = LLM(sys.argv[2], max_num_seqs=4)
-out = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True),
-                   use_tqdm=False)
+params = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
+out = llm.generate(["Hello", [1, 2, 3]], params, use_tqdm=False)
 assert [len(o.token_ids) for o in out] == [5, 5]
-assert torch.equal(torch.random.get_rng_state(), rng_before), "the engine used or reseeded torch's global RNG"
+assert torch.equal(torch.random.get_rng_state(), rng_before), "the engine used torch's global RNG"
 assert dict(os.environ) == env_before, "importing or running minillm changed the environment"
 print("OK", sorted(m for m in BLOCKED if m in sys.modules))
 """
@@ -100,7 +109,11 @@ def test_engine_runs_without_development_packages(random_llama):
     path, _ = random_llama
     blocked = dev_only_modules()
     hidden = json.dumps([blocked, sorted(runtime_closure())])
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), hidden, str(path)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), hidden, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "OK []" in r.stdout and "usage: minillm serve" in r.stdout

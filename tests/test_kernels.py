@@ -1,24 +1,39 @@
-"""Chapter 8's Triton kernels against chapter 4's torch reference: on CPU under TRITON_INTERPRET=1 (set by
-conftest.py), on a GPU as compiled kernels. Shapes are small so the interpreter stays fast."""
-import pytest, torch
+"""Chapter 8b's Triton kernels against chapter 4's torch reference.
+
+On CPU under TRITON_INTERPRET=1 (set by conftest.py), on a GPU as compiled kernels. Shapes are
+small so the interpreter stays fast."""
+
+import pytest
+import torch
+from helpers import hf_greedy
+
 from minillm import LLM, SamplingParams
-from minillm.kernels.triton_attention import TRITON_ATTENTION, plan_triton_attention, paged_attention_triton, store_kv
+from minillm.course.paged import random_paged_batch
 from minillm.engine.attention import PagedAttention
 from minillm.engine.kv_cache import PagedKVCache
-from minillm.course.paged import random_paged_batch
-from helpers import hf_greedy
+from minillm.kernels.triton_attention import (
+    TRITON_ATTENTION,
+    paged_attention_triton,
+    plan_triton_attention,
+    store_kv,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
-def lengths_around(block_size): return [1, block_size - 1, block_size, block_size + 1, 300]
+
+def lengths_around(block_size):
+    return [1, block_size - 1, block_size, block_size + 1, 300]
+
 
 def compare(cases, H, Hkv, D, block_size, dtype=torch.float32, num_splits=None):
-    "Triton and torch attention over the same pool; the reference runs in float32 on the same (rounded) values."
+    """Triton and torch attention over the same pool; the reference runs in float32 on the same
+    (rounded) values."""
     pool, batch, q, k, v, _ = random_paged_batch(cases, H, Hkv, D, block_size, dtype=dtype)
     md = batch.metadata
     ref_pool = PagedKVCache(1, pool.k.shape[1], block_size, Hkv, D)
-    ref_pool.k.copy_(pool.k); ref_pool.v.copy_(pool.v)
+    ref_pool.k.copy_(pool.k)
+    ref_pool.v.copy_(pool.v)
     expected = PagedAttention(ref_pool, md)(0, q.float(), k.float(), v.float())
     if DEVICE == "cuda":
         pool.k, pool.v, q, k, v = (x.cuda() for x in (pool.k, pool.v, q, k, v))
@@ -26,9 +41,13 @@ def compare(cases, H, Hkv, D, block_size, dtype=torch.float32, num_splits=None):
     store_kv(pool, 0, k, v, md.slot_mapping)
     out = paged_attention_triton(pool, 0, q, plan_triton_attention(pool, md, num_splits))
     assert out.dtype == dtype
-    torch.testing.assert_close(out.float().cpu(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(
+        out.float().cpu(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
+
 
 SHAPES = [(D, group, bs) for D in (64, 128) for group in (1, 3, 4, 8) for bs in (16, 32)]
+
 
 @pytest.mark.parametrize("D,group,block_size", SHAPES)
 def test_decode(D, group, block_size):
@@ -37,30 +56,41 @@ def test_decode(D, group, block_size):
     for num_splits in (1, 4):
         compare(cases, 2 * group, 2, D, block_size, num_splits=num_splits)
 
+
 @pytest.mark.parametrize("D,group,block_size", SHAPES)
 def test_prefill_with_cached_prefix(D, group, block_size):
-    "Fresh prompts of every length, and chunks after a cached prefix that ends on, before and after a boundary."
+    """Fresh prompts of every length, and chunks after a cached prefix that ends on, before and
+    after a boundary."""
     fresh = [(0, n) for n in lengths_around(block_size)]
     chunks = [(block_size - 1, 2), (block_size, block_size + 1), (block_size + 1, 70), (130, 5)]
-    compare(fresh[1:] + chunks, 2 * group, 2, D, block_size)   # length 1 is a decode: above
+    compare(fresh[1:] + chunks, 2 * group, 2, D, block_size)  # length 1 is a decode: above
+
 
 def test_mixed_batch_decodes_and_chunks():
     compare([(0, 37), (45, 20), (64, 1), (15, 1), (0, 1), (31, 33)], 8, 2, 64, 16)
+
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(dtype):
     compare([(0, 40), (17, 1), (100, 1), (33, 12)], 8, 2, 64, 16, dtype=dtype)
     compare([(n - 1, 1) for n in (1, 16, 17, 300)], 4, 1, 128, 32, dtype=dtype, num_splits=2)
 
+
 def test_store_kv_skips_negative_slots_and_accepts_qkv_slices():
     "On the device the kernels run on (compiled Triton refuses CPU pointers)."
-    ref, pool = PagedKVCache(1, 4, 16, 2, 64, device=DEVICE), PagedKVCache(1, 4, 16, 2, 64, device=DEVICE)
-    qkv = torch.randn(6, 3 * 128, device=DEVICE)   # k and v as column slices of a fused projection, as the model makes them
+    ref, pool = (
+        PagedKVCache(1, 4, 16, 2, 64, device=DEVICE),
+        PagedKVCache(1, 4, 16, 2, 64, device=DEVICE),
+    )
+    qkv = torch.randn(
+        6, 3 * 128, device=DEVICE
+    )  # k and v as column slices of a fused projection, as the model makes them
     k, v = qkv[:, 128:256].view(6, 2, 64), qkv[:, 256:].view(6, 2, 64)
     slots = torch.tensor([3, 17, -1, 40, 63, -1], device=DEVICE)
     ref.write(0, k[slots >= 0], v[slots >= 0], slots[slots >= 0])
     store_kv(pool, 0, k, v, slots)
     assert torch.equal(pool.k, ref.k) and torch.equal(pool.v, ref.v)
+
 
 def test_bad_head_dim_is_a_clear_error():
     "Refused before any kernel runs, on any device."
@@ -72,26 +102,43 @@ def test_bad_head_dim_is_a_clear_error():
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         PagedAttention(pool, batch.metadata, TRITON_ATTENTION)(0, q, k, v)
 
+
 def test_engine_with_triton_backend_equals_transformers(random_llama):
-    "Chunked prefill, prefix-cache hits and batched decode, all through the kernels, give transformers' tokens."
+    """Chunked prefill, prefix-cache hits and batched decode, all through the kernels, give
+    transformers' tokens."""
     path, hf = random_llama
-    llm = LLM(str(path), attention_backend="triton", max_num_batched_tokens=48, num_kv_blocks=64, device=DEVICE, dtype="float32")
+    llm = LLM(
+        str(path),
+        attention_backend="triton",
+        max_num_batched_tokens=48,
+        num_kv_blocks=64,
+        device=DEVICE,
+        dtype="float32",
+    )
     assert llm.engine.config.attention_backend == "triton"
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(100, 5000, (40,), generator=g).tolist()
-    prompts = [shared + torch.randint(100, 5000, (n,), generator=g).tolist() for n in (3, 30, 70)] + [shared[:17]]
+    prompts = [
+        shared + torch.randint(100, 5000, (n,), generator=g).tolist() for n in (3, 30, 70)
+    ] + [shared[:17]]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    for _ in range(2):   # the second round hits the prefix cache
+    for _ in range(2):  # the second round hits the prefix cache
         outs = llm.generate(prompts, params, use_tqdm=False)
         assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
         assert llm.engine.block_manager.num_free_blocks == 64
 
+
 def test_backend_choice(monkeypatch):
     from minillm.engine.model_runner import resolve_attention_backend
+
     cpu = torch.device("cpu")
-    assert resolve_attention_backend("auto", cpu, 64) == "cpu"   # the C++ kernel of chapter 8a builds here
+    assert (
+        resolve_attention_backend("auto", cpu, 64) == "cpu"
+    )  # the C++ kernel of chapter 8a builds here
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert resolve_attention_backend("triton", cpu, 64) == "triton"   # CPU tensors: only in the interpreter
+    assert (
+        resolve_attention_backend("triton", cpu, 64) == "triton"
+    )  # CPU tensors: only in the interpreter
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         resolve_attention_backend("triton", cpu, 80)
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -102,6 +149,8 @@ def test_backend_choice(monkeypatch):
     if torch.cuda.is_available():
         cuda = torch.device("cuda")
         assert resolve_attention_backend("auto", cuda, 128) == "triton"
-        assert resolve_attention_backend("auto", cuda, 80) == "torch"   # not a power of two: the reference
+        assert (
+            resolve_attention_backend("auto", cuda, 80) == "torch"
+        )  # not a power of two: the reference
         with pytest.raises(ValueError, match="needs the model on the CPU"):
             resolve_attention_backend("cpu", cuda, 64)

@@ -1,47 +1,93 @@
 "A real `minillm serve` process on a free localhost port, driven by the official openai client."
-import json, sys, time
+
+import json
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-import httpx, openai, pytest
+
+import httpx
+import openai
+import pytest
+
 from minillm import LLM, SamplingParams
-from minillm.bench.online import ServerProcess
-from minillm.bench.online import free_port
+from minillm.bench.online import ServerProcess, free_port
 
 KEY, NAME = "test-key", "smollm2"
+
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "minillm"), "serve", "--port", str(port), "--api-key", KEY,
-           "--served-model-name", NAME, "--model", str(model_dir), "--num-kv-blocks", "400", "--log-level", "warning"]
+    cmd = [
+        str(Path(sys.executable).parent / "minillm"),
+        "serve",
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--served-model-name",
+        NAME,
+        "--model",
+        str(model_dir),
+        "--num-kv-blocks",
+        "400",
+        "--log-level",
+        "warning",
+    ]
     base = f"http://127.0.0.1:{port}"
-    with ServerProcess(cmd, f"{base}/v1", log=str(tmp_path_factory.mktemp("server") / "server.log")): yield base
+    with ServerProcess(
+        cmd, f"{base}/v1", log=str(tmp_path_factory.mktemp("server") / "server.log")
+    ):
+        yield base
+
 
 @pytest.fixture(scope="module")
-def client(server): return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+
 
 @pytest.fixture(scope="module")
-def offline(model_dir): return LLM(str(model_dir))
+def offline(model_dir):
+    return LLM(str(model_dir))
+
 
 def metrics(server) -> dict:
     text = httpx.get(f"{server}/metrics").text
-    return {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith("minillm_")}
+    return {
+        l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith("minillm_")
+    }
+
 
 def wait_pool_free(server, timeout=20):
     for _ in range(int(timeout / 0.2)):
         m = metrics(server)
-        if m["minillm_kv_cache_free_blocks"] == m["minillm_kv_cache_total_blocks"] and m["minillm_requests_running"] == 0: return m
+        if (
+            m["minillm_kv_cache_free_blocks"] == m["minillm_kv_cache_total_blocks"]
+            and m["minillm_requests_running"] == 0
+        ):
+            return m
         time.sleep(0.2)
     raise AssertionError(f"KV pool not free: {m}")
+
 
 def test_models(client):
     assert [m.id for m in client.models.list()] == [NAME]
 
+
 def test_chat_answers_paris(client):
-    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
-                                       temperature=0, max_tokens=32)
+    r = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=32,
+    )
     assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
-    assert r.usage.completion_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert (
+        r.usage.completion_tokens > 0
+        and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    )
+
 
 def test_completion_equals_offline(client, offline):
     prompt = "The history of the printing press"
@@ -50,58 +96,103 @@ def test_completion_equals_offline(client, offline):
     assert r.choices[0].text == ref.text and r.choices[0].finish_reason == ref.finish_reason
     assert r.usage.completion_tokens == len(ref.token_ids)
 
+
 def test_streams_equal_non_streamed(client):
     kw = dict(model=NAME, temperature=0, max_tokens=30)
     full = client.completions.create(prompt="Once upon a time", **kw).choices[0].text
-    chunks = list(client.completions.create(prompt="Once upon a time", stream=True, stream_options={"include_usage": True}, **kw))
+    chunks = list(
+        client.completions.create(
+            prompt="Once upon a time", stream=True, stream_options={"include_usage": True}, **kw
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full
-    assert chunks[-1].usage.completion_tokens > 0 and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert (
+        chunks[-1].usage.completion_tokens > 0
+        and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    )
     msgs = [{"role": "user", "content": "Name three colors."}]
     full = client.chat.completions.create(messages=msgs, **kw).choices[0].message.content
     streamed = client.chat.completions.create(messages=msgs, stream=True, **kw)
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == full
 
+
 def test_stop_seed_and_n(client):
-    r = client.completions.create(model=NAME, prompt="1, 2, 3, 4,", temperature=0, max_tokens=30, stop=["7"])
+    r = client.completions.create(
+        model=NAME, prompt="1, 2, 3, 4,", temperature=0, max_tokens=30, stop=["7"]
+    )
     assert r.choices[0].finish_reason == "stop" and "7" not in r.choices[0].text
     kw = dict(model=NAME, prompt="My favourite animal is", temperature=1.0, max_tokens=12, seed=42)
-    assert client.completions.create(**kw).choices[0].text == client.completions.create(**kw).choices[0].text
+    assert (
+        client.completions.create(**kw).choices[0].text
+        == client.completions.create(**kw).choices[0].text
+    )
     r = client.completions.create(n=3, **kw)
     assert sorted(c.index for c in r.choices) == [0, 1, 2] and len({c.text for c in r.choices}) > 1
     streamed = list(client.completions.create(n=2, stream=True, **kw))
     assert {c.choices[0].index for c in streamed if c.choices} == {0, 1}
 
+
 def test_32_concurrent_streams(server, client, offline):
     prompts = [f"Write a sentence about the number {i}." for i in range(32)]
+
     def one(p):
-        chunks = client.completions.create(model=NAME, prompt=p, temperature=0, max_tokens=16, stream=True)
+        chunks = client.completions.create(
+            model=NAME, prompt=p, temperature=0, max_tokens=16, stream=True
+        )
         return "".join(c.choices[0].text for c in chunks if c.choices)
+
     before = metrics(server)
     t = time.perf_counter()
-    with ThreadPoolExecutor(32) as pool: texts = list(pool.map(one, prompts))
+    with ThreadPoolExecutor(32) as pool:
+        texts = list(pool.map(one, prompts))
     wall = time.perf_counter() - t
     refs = offline.generate(prompts, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
     assert texts == [r.text for r in refs]
     after = metrics(server)
     steps = after["minillm_batch_size_count"] - before["minillm_batch_size_count"]
     tokens = after["minillm_batch_size_sum"] - before["minillm_batch_size_sum"]
-    print(f"32 concurrent streams in {wall:.1f} s, {steps:.0f} engine steps, {tokens / steps:.1f} sequences per step")
-    assert steps < tokens / 4   # they were batched together, not served one by one
+    print(
+        f"32 concurrent streams in {wall:.1f} s, {steps:.0f} engine steps, "
+        f"{tokens / steps:.1f} sequences per step"
+    )
+    assert steps < tokens / 4  # they were batched together, not served one by one
     wait_pool_free(server)
 
+
 def test_disconnect_frees_the_pool(server):
-    body = {"model": NAME, "prompt": "Tell me a very long story.", "max_tokens": 500, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{server}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+    body = {
+        "model": NAME,
+        "prompt": "Tell me a very long story.",
+        "max_tokens": 500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST",
+        f"{server}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
+    ) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]
         assert any(l.startswith("data: ") for l in got)
-        assert metrics(server)["minillm_kv_cache_free_blocks"] < metrics(server)["minillm_kv_cache_total_blocks"]
-    wait_pool_free(server)   # the server noticed, aborted the request and freed its blocks
+        assert (
+            metrics(server)["minillm_kv_cache_free_blocks"]
+            < metrics(server)["minillm_kv_cache_total_blocks"]
+        )
+    wait_pool_free(server)  # the server noticed, aborted the request and freed its blocks
+
 
 def post_json(url: str, body: dict) -> httpx.Response:
-    "POST `body` as ASCII JSON, so that lone surrogates travel as \\ud800 escapes, as a hostile client would send them."
-    return httpx.post(url, content=json.dumps(body).encode(), timeout=60,
-                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    """POST `body` as ASCII JSON, so that lone surrogates travel as \\ud800 escapes, as a hostile
+    client would send them."""
+    return httpx.post(
+        url,
+        content=json.dumps(body).encode(),
+        timeout=60,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
 
 
 BAD = [
@@ -132,6 +223,7 @@ BAD = [
     ({"prompt": [10**6]}, "token ids"),
 ]
 
+
 @pytest.mark.parametrize("body, word", BAD)
 def test_bad_completion_requests(server, body, word):
     r = post_json(f"{server}/v1/completions", {"model": NAME, **body})
@@ -139,13 +231,33 @@ def test_bad_completion_requests(server, body, word):
     err = r.json()["error"]
     assert word in err["message"] and err["type"] == "invalid_request_error"
 
+
 CHAT_BAD = [
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "text"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "text"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "image_url"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ]
+        },
+        "image_url",
+    ),
     ({"messages": [{"role": "user", "content": "\udfff"}]}, "Unicode"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        "tools",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"},
+        },
+        "response_format",
+    ),
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
 ]
 
@@ -158,24 +270,46 @@ def test_bad_chat_bodies(server, body, word):
 
 
 def test_fields_that_change_nothing_are_accepted(client):
-    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, user="u-1",
-                                       metadata={"k": "v"}, logit_bias={}, extra_body={"some_vendor_field": 1})
+    r = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        user="u-1",
+        metadata={"k": "v"},
+        logit_bias={},
+        extra_body={"some_vendor_field": 1},
+    )
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
 def test_bad_chat_requests_and_auth(server, client):
     auth = {"Authorization": f"Bearer {KEY}"}
-    r = httpx.post(f"{server}/v1/chat/completions", json={"model": NAME, "messages": []}, headers=auth)
+    r = httpx.post(
+        f"{server}/v1/chat/completions", json={"model": NAME, "messages": []}, headers=auth
+    )
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
-    r = httpx.post(f"{server}/v1/chat/completions", json={"model": NAME, "messages": [{"role": "wizard", "content": "x"}]}, headers=auth)
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={"model": NAME, "messages": [{"role": "wizard", "content": "x"}]},
+        headers=auth,
+    )
     assert r.status_code == 400
-    r = httpx.post(f"{server}/v1/chat/completions", json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, headers=auth)
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]},
+        headers=auth,
+    )
     assert r.status_code == 404 and "gpt-4" in r.json()["error"]["message"]
     for headers in ({}, {"Authorization": "Bearer wrong"}):
-        r = httpx.post(f"{server}/v1/completions", json={"model": NAME, "prompt": "hi"}, headers=headers)
+        r = httpx.post(
+            f"{server}/v1/completions", json={"model": NAME, "prompt": "hi"}, headers=headers
+        )
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server}/v1", api_key="nope", max_retries=0).models.list()
     # after all of that the server still serves, and nothing leaked
-    assert client.completions.create(model=NAME, prompt="Hello", max_tokens=4).choices[0].text is not None
+    assert (
+        client.completions.create(model=NAME, prompt="Hello", max_tokens=4).choices[0].text
+        is not None
+    )
     wait_pool_free(server)

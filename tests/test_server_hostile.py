@@ -1,4 +1,4 @@
-"""The server under hostile and heavy traffic: generated request bodies, disconnects, overload, a dying engine.
+"""The server under hostile, heavy traffic: generated bodies, disconnects, overload, a dying engine.
 
 Against a real `minillm serve` (a subprocess, on a small random Llama so that steps are fast):
 - fuzzing (hypothesis, derandomized): never a 5xx, never a hang, every error OpenAI-shaped, while an
@@ -29,7 +29,13 @@ from minillm.sampling import SamplingParams
 KEY = "hostile-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 INNOCENT_PROMPT = [17, 99, 1234, 555, 42, 7, 7, 7]
-INNOCENT = {"prompt": INNOCENT_PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": True}
+INNOCENT = {
+    "prompt": INNOCENT_PROMPT,
+    "max_tokens": 24,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +44,22 @@ def hostile_server(random_llama, tmp_path_factory):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("hostile") / "server.log"
-    cmd = [str(Path(sys.executable).parent / "minillm"), "serve", "--port", str(port), "--api-key", KEY,
-           "--model", str(path), "--num-kv-blocks", "512", "--max-num-seqs", "32", "--log-level", "warning"]
+    cmd = [
+        str(Path(sys.executable).parent / "minillm"),
+        "serve",
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--model",
+        str(path),
+        "--num-kv-blocks",
+        "512",
+        "--max-num-seqs",
+        "32",
+        "--log-level",
+        "warning",
+    ]
     with ServerProcess(cmd, f"{base}/v1", log=str(log)) as proc:
         yield base, proc.proc.pid, log
 
@@ -53,17 +73,25 @@ def innocent_text(random_llama):
 
 def metrics(base: str) -> dict:
     text = httpx.get(f"{base}/metrics", timeout=30).text
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("minillm_")}
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("minillm_")
+    }
 
 
 def wait_idle(base: str, timeout: float = 60) -> dict:
-    "Metrics once nothing is left in the server: no running, waiting, queued or awaited request, every block free."
+    """Metrics once nothing is left in the server: no running, waiting, queued or awaited request,
+    every block free."""
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(base)
-        idle = (m["minillm_kv_cache_free_blocks"] == m["minillm_kv_cache_total_blocks"]
-                and m["minillm_requests_running"] == m["minillm_requests_waiting"] == 0
-                and m["minillm_requests_queued"] == 0 and m["minillm_requests_awaited"] == 0)
+        idle = (
+            m["minillm_kv_cache_free_blocks"] == m["minillm_kv_cache_total_blocks"]
+            and m["minillm_requests_running"] == m["minillm_requests_waiting"] == 0
+            and m["minillm_requests_queued"] == 0
+            and m["minillm_requests_awaited"] == 0
+        )
         if idle:
             return m
         if time.monotonic() > deadline:
@@ -74,7 +102,9 @@ def wait_idle(base: str, timeout: float = 60) -> dict:
 def stream_text(base: str, body: dict, timeout: float = 120) -> str:
     "The text of a streamed completion, checked to end with [DONE] and to carry no error event."
     text, done = [], False
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, headers=AUTH, timeout=timeout) as r:
+    with httpx.stream(
+        "POST", f"{base}/v1/completions", json=body, headers=AUTH, timeout=timeout
+    ) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line == "data: [DONE]":
@@ -99,7 +129,7 @@ class Innocent:
         while not self.stop.is_set():
             try:
                 self.results.append(stream_text(self.base, INNOCENT))
-            except Exception as e:   # recorded, and the test fails on it
+            except Exception as e:  # recorded, and the test fails on it
                 self.errors.append(repr(e))
 
     def __enter__(self):
@@ -114,65 +144,120 @@ class Innocent:
 
 # Hypothesis strategies: plausible fields with hostile values, unknown fields, wrong types.
 SURROGATES = st.sampled_from(["\ud800", "\udfff", "a\ud83d", "\x00", "\u200b", "é" * 3, "😀"])
-TEXT = st.one_of(st.text(max_size=40), st.lists(st.one_of(st.text(max_size=8), SURROGATES), max_size=5).map("".join))
-BIG_INTS = st.one_of(st.integers(-3, 40), st.sampled_from([0, -1, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30]))
-FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1e-46, 1e300, 0.5, 2.0]))
+TEXT = st.one_of(
+    st.text(max_size=40),
+    st.lists(st.one_of(st.text(max_size=8), SURROGATES), max_size=5).map("".join),
+)
+BIG_INTS = st.one_of(
+    st.integers(-3, 40),
+    st.sampled_from([0, -1, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30]),
+)
+FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1e-46, 1e300, 0.5, 2.0]),
+)
 SCALARS = st.one_of(st.none(), st.booleans(), BIG_INTS, FLOATS, TEXT)
-ANY_JSON = st.recursive(SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                        max_leaves=8)
+ANY_JSON = st.recursive(
+    SCALARS,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=8,
+)
 TOKEN_LISTS = st.lists(st.one_of(st.integers(0, 2000), BIG_INTS), min_size=0, max_size=12)
 VALID_IDS = st.lists(st.integers(0, 5000), min_size=1, max_size=40)
 VALID_TEXT = st.text(st.characters(codec="utf-8"), min_size=1, max_size=60)
 
 
 def mostly(valid, hostile):
-    "Seven times in eight a valid value, else a hostile one (a body has many fields: some are hostile)."
+    """Seven times in eight a valid value, else a hostile one (a body has many fields: some are
+    hostile)."""
     return st.one_of(*[valid] * 7, hostile)
 
 
-PROMPTS = mostly(st.one_of(VALID_TEXT, VALID_IDS, st.lists(VALID_TEXT, min_size=1, max_size=3)),
-                 st.one_of(TEXT, TOKEN_LISTS, st.lists(TOKEN_LISTS, max_size=3), ANY_JSON))
-PART = st.one_of(st.fixed_dictionaries({"type": st.just("text"), "text": mostly(VALID_TEXT, SCALARS)}),
-                 st.fixed_dictionaries({"type": st.sampled_from(["image_url", "input_audio", "file", "x"])}), ANY_JSON)
-CONTENT = mostly(st.one_of(VALID_TEXT, st.lists(PART, min_size=1, max_size=2)), st.one_of(TEXT, SCALARS, ANY_JSON))
+PROMPTS = mostly(
+    st.one_of(VALID_TEXT, VALID_IDS, st.lists(VALID_TEXT, min_size=1, max_size=3)),
+    st.one_of(TEXT, TOKEN_LISTS, st.lists(TOKEN_LISTS, max_size=3), ANY_JSON),
+)
+PART = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": mostly(VALID_TEXT, SCALARS)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["image_url", "input_audio", "file", "x"])}),
+    ANY_JSON,
+)
+CONTENT = mostly(
+    st.one_of(VALID_TEXT, st.lists(PART, min_size=1, max_size=2)),
+    st.one_of(TEXT, SCALARS, ANY_JSON),
+)
 MESSAGE = st.fixed_dictionaries(
-    {"role": mostly(st.sampled_from(["user", "system", "assistant"]), st.sampled_from(["developer", "tool", "wizard"])),
-     "content": CONTENT}, optional={"tool_calls": ANY_JSON, "name": TEXT})
+    {
+        "role": mostly(
+            st.sampled_from(["user", "system", "assistant"]),
+            st.sampled_from(["developer", "tool", "wizard"]),
+        ),
+        "content": CONTENT,
+    },
+    optional={"tool_calls": ANY_JSON, "name": TEXT},
+)
 SAMPLING = {
     "max_tokens": mostly(st.integers(1, 12), st.one_of(BIG_INTS, FLOATS, SCALARS)),
-    "temperature": mostly(st.floats(0, 2), st.one_of(FLOATS, SCALARS)), "top_p": mostly(st.floats(0.01, 1), FLOATS),
-    "top_k": mostly(st.integers(-1, 100), BIG_INTS), "min_p": mostly(st.floats(0, 1), FLOATS),
-    "n": mostly(st.integers(1, 3), BIG_INTS), "seed": mostly(st.integers(0, 2**32), BIG_INTS),
-    "stop": mostly(st.lists(VALID_TEXT, max_size=3), st.one_of(TEXT, st.text(min_size=500, max_size=600), ANY_JSON)),
-    "stop_token_ids": mostly(st.lists(st.integers(0, 5000), max_size=3), st.one_of(TOKEN_LISTS, ANY_JSON)),
-    "min_tokens": mostly(st.integers(0, 3), BIG_INTS), "ignore_eos": st.booleans(), "stream": st.booleans(),
+    "temperature": mostly(st.floats(0, 2), st.one_of(FLOATS, SCALARS)),
+    "top_p": mostly(st.floats(0.01, 1), FLOATS),
+    "top_k": mostly(st.integers(-1, 100), BIG_INTS),
+    "min_p": mostly(st.floats(0, 1), FLOATS),
+    "n": mostly(st.integers(1, 3), BIG_INTS),
+    "seed": mostly(st.integers(0, 2**32), BIG_INTS),
+    "stop": mostly(
+        st.lists(VALID_TEXT, max_size=3),
+        st.one_of(TEXT, st.text(min_size=500, max_size=600), ANY_JSON),
+    ),
+    "stop_token_ids": mostly(
+        st.lists(st.integers(0, 5000), max_size=3), st.one_of(TOKEN_LISTS, ANY_JSON)
+    ),
+    "min_tokens": mostly(st.integers(0, 3), BIG_INTS),
+    "ignore_eos": st.booleans(),
+    "stream": st.booleans(),
     "stream_options": mostly(st.just({"include_usage": True}), ANY_JSON),
-    "logprobs": mostly(st.just(False), st.one_of(st.booleans(), BIG_INTS)), "logit_bias": mostly(st.just({}), ANY_JSON),
-    "response_format": mostly(st.just({"type": "text"}), ANY_JSON), "tools": mostly(st.just([]), ANY_JSON),
-    "echo": mostly(st.just(False), st.booleans()), "user": TEXT, "metadata": ANY_JSON,
-    "presence_penalty": mostly(st.just(0.0), FLOATS), "best_of": mostly(st.just(1), BIG_INTS),
-    "model": mostly(st.none(), st.just("x")), "unknown_field": ANY_JSON,
+    "logprobs": mostly(st.just(False), st.one_of(st.booleans(), BIG_INTS)),
+    "logit_bias": mostly(st.just({}), ANY_JSON),
+    "response_format": mostly(st.just({"type": "text"}), ANY_JSON),
+    "tools": mostly(st.just([]), ANY_JSON),
+    "echo": mostly(st.just(False), st.booleans()),
+    "user": TEXT,
+    "metadata": ANY_JSON,
+    "presence_penalty": mostly(st.just(0.0), FLOATS),
+    "best_of": mostly(st.just(1), BIG_INTS),
+    "model": mostly(st.none(), st.just("x")),
+    "unknown_field": ANY_JSON,
 }
 COMPLETION = st.fixed_dictionaries({"prompt": PROMPTS}, optional=SAMPLING)
-CHAT = st.fixed_dictionaries({"messages": mostly(st.lists(MESSAGE, min_size=1, max_size=3), ANY_JSON)}, optional=SAMPLING)
-BODIES = st.one_of(st.tuples(st.just("/v1/completions"), COMPLETION), st.tuples(st.just("/v1/chat/completions"), CHAT),
-                   st.tuples(st.just("/v1/completions"), COMPLETION), st.tuples(st.just("/v1/chat/completions"), CHAT),
-                   st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), ANY_JSON))
+CHAT = st.fixed_dictionaries(
+    {"messages": mostly(st.lists(MESSAGE, min_size=1, max_size=3), ANY_JSON)}, optional=SAMPLING
+)
+BODIES = st.one_of(
+    st.tuples(st.just("/v1/completions"), COMPLETION),
+    st.tuples(st.just("/v1/chat/completions"), CHAT),
+    st.tuples(st.just("/v1/completions"), COMPLETION),
+    st.tuples(st.just("/v1/chat/completions"), CHAT),
+    st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), ANY_JSON),
+)
 
 
 def send(base: str, path: str, body, disconnect_after: int | None = None) -> int:
-    "Send one body (dumped with ensure_ascii, so lone surrogates travel as \\ud800 escapes); check the answer's shape."
+    """Send one body (dumped with ensure_ascii, so lone surrogates travel as \\ud800 escapes); check
+    the answer's shape."""
     data = json.dumps(body, allow_nan=True).encode()
     headers = {**AUTH, "Content-Type": "application/json"}
     with httpx.stream("POST", f"{base}{path}", content=data, headers=headers, timeout=120) as r:
         if r.status_code >= 400:
             err = json.loads(r.read())["error"]
-            assert isinstance(err["message"], str) and err["code"] == r.status_code and len(err["message"]) < 2000
+            assert (
+                isinstance(err["message"], str)
+                and err["code"] == r.status_code
+                and len(err["message"]) < 2000
+            )
             return r.status_code
         if r.headers["content-type"].startswith("text/event-stream"):
             for i, line in enumerate(r.iter_lines()):
                 if disconnect_after is not None and i >= disconnect_after:
-                    return r.status_code   # hang up in the middle
+                    return r.status_code  # hang up in the middle
                 if line.startswith("data: ") and line != "data: [DONE]":
                     assert "error" not in json.loads(line[6:]), line
         else:
@@ -180,7 +265,9 @@ def send(base: str, path: str, body, disconnect_after: int | None = None) -> int
         return r.status_code
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 @given(case=BODIES, disconnect=st.one_of(st.none(), st.integers(0, 4)))
 def fuzz_one(base: str, statuses: list, case, disconnect):
     path, body = case
@@ -197,24 +284,39 @@ def test_fuzzed_bodies_never_hurt_an_innocent_client(hostile_server, innocent_te
     assert not innocent.errors, innocent.errors[:3]
     assert innocent.results and all(t == innocent_text for t in innocent.results)
     print({s: statuses.count(s) for s in set(statuses)}, len(innocent.results), "innocent streams")
-    assert {200, 400} <= set(statuses)   # the fuzzer reached both sides
+    assert {200, 400} <= set(statuses)  # the fuzzer reached both sides
     wait_idle(base)
     assert "Traceback" not in log.read_text()
 
 
 def test_bad_bytes_and_paths_get_openai_errors(hostile_server):
     base, _, _ = hostile_server
-    cases = [(b"{'prompt': 1", "/v1/completions", 400), (b"\xff\xfe\x00", "/v1/completions", 400),
-             (b"[" * 100_000, "/v1/completions", 400), (b'{"prompt": "' + b"9" * 5000 + b'"}', "/v1/embeddings", 404),
-             (b'{"prompt": ' + b"9" * 5000 + b"}", "/v1/completions", 400)]
+    cases = [
+        (b"{'prompt': 1", "/v1/completions", 400),
+        (b"\xff\xfe\x00", "/v1/completions", 400),
+        (b"[" * 100_000, "/v1/completions", 400),
+        (b'{"prompt": "' + b"9" * 5000 + b'"}', "/v1/embeddings", 404),
+        (b'{"prompt": ' + b"9" * 5000 + b"}", "/v1/completions", 400),
+    ]
     for data, path, status in cases:
-        r = httpx.post(f"{base}{path}", content=data, headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
-        assert r.status_code == status and r.json()["error"]["code"] == status, (data[:20], r.text[:200])
+        r = httpx.post(
+            f"{base}{path}",
+            content=data,
+            headers={**AUTH, "Content-Type": "application/json"},
+            timeout=60,
+        )
+        assert r.status_code == status and r.json()["error"]["code"] == status, (
+            data[:20],
+            r.text[:200],
+        )
     r = httpx.get(f"{base}/v1/completions", headers=AUTH)
     assert r.status_code == 405 and "error" in r.json()
     r = httpx.post(f"{base}/v1/completions", content=b"x" * (5 * 2**20), headers=AUTH, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
-    bad = {"prompt": "hi", "stop_token_ids": ["x"] * 20_000}   # a 100 kB body of bad items: a short answer
+    bad = {
+        "prompt": "hi",
+        "stop_token_ids": ["x"] * 20_000,
+    }  # a 100 kB body of bad items: a short answer
     r = httpx.post(f"{base}/v1/completions", json=bad, headers=AUTH, timeout=60)
     assert r.status_code == 400 and len(r.content) < 2000
     wait_idle(base)
@@ -224,10 +326,15 @@ def test_disconnected_non_streamed_request_is_aborted(hostile_server):
     base, _, _ = hostile_server
     aborted = 'minillm_requests_finished_total{finish_reason="abort"}'
     before = wait_idle(base).get(aborted, 0)
-    body = {"prompt": [5] * 8, "max_tokens": 500, "ignore_eos": True, "n": 32}   # 16,000 tokens to generate
+    body = {
+        "prompt": [5] * 8,
+        "max_tokens": 500,
+        "ignore_eos": True,
+        "n": 32,
+    }  # 16,000 tokens to generate
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base}/v1/completions", json=body, headers=AUTH, timeout=0.5)
-    assert wait_idle(base)[aborted] - before == 32   # all 32 were aborted when the client left
+    assert wait_idle(base)[aborted] - before == 32  # all 32 were aborted when the client left
 
 
 def rss_mb(pid: int) -> float:
@@ -238,13 +345,20 @@ def rss_mb(pid: int) -> float:
 
 
 def soak_round(base: str, seed: int, n: int = 150):
-    "n mixed requests from 16 concurrent clients: valid and invalid, streamed and not, some abandoned midway."
+    """n mixed requests from 16 concurrent clients: valid and invalid, streamed and not, some
+    abandoned midway."""
     rng = random.Random(seed)
     jobs = []
     for i in range(n):
-        body = {"prompt": [rng.randrange(1, 5000) for _ in range(rng.randint(1, 60))],
-                "max_tokens": rng.randint(1, 40), "temperature": rng.choice([0, 0.7, 1.0]), "ignore_eos": True,
-                "n": rng.choice([1, 1, 1, 2, 3]), "stream": rng.random() < 0.6, "seed": rng.randrange(10**6)}
+        body = {
+            "prompt": [rng.randrange(1, 5000) for _ in range(rng.randint(1, 60))],
+            "max_tokens": rng.randint(1, 40),
+            "temperature": rng.choice([0, 0.7, 1.0]),
+            "ignore_eos": True,
+            "n": rng.choice([1, 1, 1, 2, 3]),
+            "stream": rng.random() < 0.6,
+            "seed": rng.randrange(10**6),
+        }
         if rng.random() < 0.15:
             body[rng.choice(["top_p", "temperature", "n"])] = rng.choice([-1, 1e300, "x", 10**9])
         path = "/v1/completions"
@@ -257,7 +371,7 @@ def soak_round(base: str, seed: int, n: int = 150):
     def run(job):
         path, body, disconnect = job
         if disconnect is not None and not body["stream"]:
-            try:   # a client that gives up before the answer
+            try:  # a client that gives up before the answer
                 httpx.post(f"{base}{path}", json=body, headers=AUTH, timeout=0.05)
             except httpx.TimeoutException:
                 pass
@@ -288,15 +402,19 @@ def test_soak_leaves_nothing_behind(hostile_server, innocent_text):
 
 # In-process: overload and a dying engine, through the ASGI app.
 
+
 def app_client(app):
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=60)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=60
+    )
 
 
 def test_overload_answers_503_with_retry_after(random_llama):
+    from minillm.engine.llm_engine import EngineConfig
     from minillm.serving.api_server import build_app
     from minillm.serving.async_engine import AsyncEngine
     from minillm.serving.protocol import ServerLimits
-    from minillm.engine.llm_engine import EngineConfig
+
     path, _ = random_llama
 
     async def main():
@@ -304,10 +422,12 @@ def test_overload_answers_503_with_retry_after(random_llama):
         app = build_app(aeng, limits=ServerLimits(max_waiting_requests=4))
         gate = threading.Event()
         step = aeng.engine.step
-        aeng.engine.step = lambda: gate.wait() and step()   # hold the engine until the queue is full
+        aeng.engine.step = lambda: gate.wait() and step()  # hold the engine until the queue is full
         async with app_client(app) as client:
             body = {"prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True}
-            first = [asyncio.ensure_future(client.post("/v1/completions", json=body)) for _ in range(4)]
+            first = [
+                asyncio.ensure_future(client.post("/v1/completions", json=body)) for _ in range(4)
+            ]
             while aeng.num_queued < 4:
                 await asyncio.sleep(0.01)
             refused = await client.post("/v1/completions", json=body)
@@ -323,9 +443,10 @@ def test_overload_answers_503_with_retry_after(random_llama):
 
 
 def test_a_dead_engine_fails_everyone_at_once(random_llama):
+    from minillm.engine.llm_engine import EngineConfig
     from minillm.serving.api_server import build_app
     from minillm.serving.async_engine import AsyncEngine, EngineDeadError
-    from minillm.engine.llm_engine import EngineConfig
+
     path, _ = random_llama
 
     async def main():
@@ -341,12 +462,18 @@ def test_a_dead_engine_fails_everyone_at_once(random_llama):
         async with app_client(app) as client:
             assert (await client.get("/health")).status_code == 200
             body = {"prompt": [1, 2, 3], "max_tokens": 50}
-            waiting = [asyncio.ensure_future(client.post("/v1/completions", json=body)),
-                       asyncio.ensure_future(client.post("/v1/completions", json={**body, "stream": True}))]
+            waiting = [
+                asyncio.ensure_future(client.post("/v1/completions", json=body)),
+                asyncio.ensure_future(
+                    client.post("/v1/completions", json={**body, "stream": True})
+                ),
+            ]
             while aeng.num_queued < 2:
                 await asyncio.sleep(0.01)
             gate.set()
-            plain, streamed = await asyncio.wait_for(asyncio.gather(*waiting), timeout=30)   # at once, not never
+            plain, streamed = await asyncio.wait_for(
+                asyncio.gather(*waiting), timeout=30
+            )  # at once, not never
             assert plain.status_code == 503 and "corrupt" in plain.json()["error"]["message"]
             assert '"error"' in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
             assert (await client.get("/health")).status_code == 503
