@@ -495,6 +495,10 @@ d = {
                 "paged_attention.html#build_flat_batch",
                 "minillm/engine/input_batch.py",
             ),
+            "minillm.engine.input_batch.slots_of": (
+                "paged_attention.html#slots_of",
+                "minillm/engine/input_batch.py",
+            ),
         },
         "minillm.engine.kv_cache": {
             "minillm.engine.kv_cache.PagedKVCache": (
@@ -898,7 +902,7 @@ d = {
             "minillm.llm.LLM.generate": ("engine.html#llm.generate", "minillm/llm.py"),
             "minillm.llm.LLM.model_path": ("engine.html#llm.model_path", "minillm/llm.py"),
             "minillm.llm.LLM.tokenizer": ("engine.html#llm.tokenizer", "minillm/llm.py"),
-            "minillm.llm._as_prompt_list": ("engine.html#_as_prompt_list", "minillm/llm.py"),
+            "minillm.llm.as_prompt_list": ("engine.html#as_prompt_list", "minillm/llm.py"),
         },
         "minillm.loader": {
             "minillm.loader.ModelLoadError": ("loader.html#modelloaderror", "minillm/loader.py"),
@@ -1029,6 +1033,10 @@ d = {
             ),
             "minillm.sampling.SamplingParams.greedy": (
                 "sampling.html#samplingparams.greedy",
+                "minillm/sampling.py",
+            ),
+            "minillm.sampling.SamplingParams.output_limit": (
+                "sampling.html#samplingparams.output_limit",
                 "minillm/sampling.py",
             ),
             "minillm.sampling.SamplingParams.validate": (

@@ -12,20 +12,12 @@ from .sampling import SamplingParams
 
 
 class TextStream:
-    "Turns a request's output tokens into text deltas, and decides when the request is finished."
+    "Turns a request's output tokens into text deltas, and finds its stop conditions."
 
-    def __init__(
-        self,
-        tokenizer,
-        params: SamplingParams,
-        eos_token_ids=(),
-        prompt_ids=(),
-        max_tokens: int | None = None,
-    ):
+    def __init__(self, tokenizer, params: SamplingParams, eos_token_ids=(), prompt_ids=()):
         self.tokenizer, self.params = tokenizer, params
         self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
         self.stop_ids = frozenset(params.stop_token_ids)
-        self.max_tokens = max_tokens or params.max_tokens
         self.hold = max((len(s) for s in params.stop), default=1) - 1
         self.num_tokens = 0
         self.decoder = DecodeStream(skip_special_tokens=params.skip_special_tokens)
@@ -51,8 +43,9 @@ class TextStream:
         )
         self.finish_reason, self.stop_reason = "stop", s
 
-    def append(self, token_id: int) -> str:
-        "Add one generated token; return the text that may be shown now."
+    def append(self, token_id: int, last: bool = False) -> str:
+        """Add one generated token; return the text that may be shown now. `last`: this token
+        reaches the request's length limit, so the request finishes ("length") unless it stopped."""
         if self.finished:
             raise RuntimeError("the request has already finished")
         self.num_tokens += 1
@@ -66,7 +59,7 @@ class TextStream:
             self.text += delta
             if may_stop and self.params.stop and delta:
                 self._find_stop_string(len(delta))
-        if not self.finished and self.max_tokens is not None and self.num_tokens >= self.max_tokens:
+        if last and not self.finished:
             self.finish_reason = "length"
         end = len(self.text) if self.finished else max(self.sent, len(self.text) - self.hold)
         delta, self.sent = self.text[self.sent : end], end

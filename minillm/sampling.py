@@ -135,6 +135,11 @@ class SamplingParams:
             f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}",
         )
 
+    def output_limit(self, prompt_len: int, max_model_len: int) -> int:
+        "How many tokens the request may generate: max_tokens, capped by the context's room."
+        room = max_model_len - prompt_len
+        return min(self.max_tokens or room, room)
+
     def fan_out(self) -> list["SamplingParams"]:
         "The n one-sample requests `n > 1` stands for, with seeds seed, seed + 1, ... (mod 2**64)."
         seeds = [None if self.seed is None else (self.seed + j) % 2**64 for j in range(self.n)]

@@ -115,6 +115,7 @@ def run_exactness(dry: bool, device: str, workdir: Path):
     tolerance."""
     from minillm.bench.offline import hf_greedy
     from minillm.bench.random_models import random_model_dir
+    from minillm.engine.block_manager import cdiv
     from minillm.llm import LLM
     from minillm.loader import load_hf_model
     from minillm.model import no_cache_attention
@@ -133,14 +134,14 @@ def run_exactness(dry: bool, device: str, workdir: Path):
         ]
         steps = 8 if dry else 24
         refs = [hf_greedy(hf, p, steps) for p in prompts]
-        need = sum(-(-(len(p) + steps) // 16) for p in prompts)
+        need = sum(cdiv(len(p) + steps, 16) for p in prompts)
         llm = LLM(
             str(path),
             dtype="float32",
             device=device,
             max_num_batched_tokens=64,
             block_size=16,
-            num_kv_blocks=max(need // 2, max(-(-(len(p) + steps) // 16) for p in prompts) + 1),
+            num_kv_blocks=max(need // 2, max(cdiv(len(p) + steps, 16) for p in prompts) + 1),
             max_num_seqs=8,
         )
         params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
@@ -191,11 +192,12 @@ def paged_case(seqs: int, new: int, prefix: int, heads: tuple, block_size: int, 
     """A batch of `seqs` sequences, each `new` query tokens after `prefix` cached ones, in a
     shuffled random pool on `device`."""
     from minillm.engine.attention import AttentionMetadata
+    from minillm.engine.block_manager import cdiv
     from minillm.engine.kv_cache import PagedKVCache
 
     H, Hkv, D = heads
     length, i32 = prefix + new, dict(dtype=torch.int32, device=device)
-    per_seq = -(-length // block_size)
+    per_seq = cdiv(length, block_size)
     pool = PagedKVCache(1, seqs * per_seq, block_size, Hkv, D, dtype, device)
     pool.k.normal_()
     pool.v.normal_()

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.engine.block_manager import BlockManager
+from minillm.engine.block_manager import BlockManager, cdiv
 from minillm.engine.input_batch import build_flat_batch
 from minillm.engine.request import Request, RequestStatus
 from minillm.engine.scheduler import Scheduler
@@ -118,7 +118,7 @@ def test_random_workloads(work, extra_blocks, budget, max_seqs, caching):
     prompts = [[t for p in pieces for t in PIECES[p]] + tail or [7] for pieces, tail, _, _ in work]
     lengths = [len(p) + m for p, (_, _, m, _) in zip(prompts, work)]
     bm = BlockManager(
-        max(-(-n // BS) for n in lengths) + extra_blocks, BS, enable_prefix_caching=caching
+        max(cdiv(n, BS) for n in lengths) + extra_blocks, BS, enable_prefix_caching=caching
     )
     sched = Scheduler(bm, max_num_seqs=max_seqs, max_num_batched_tokens=budget)
     requests = [make(i, p, m) for i, (p, (_, _, m, _)) in enumerate(zip(prompts, work))]

@@ -9,6 +9,7 @@ __all__ = ["decode_attention_bytes", "device_bandwidth", "benchmark_decode"]
 import torch
 
 from ..engine.attention import AttentionMetadata
+from ..engine.block_manager import cdiv
 from ..engine.kv_cache import PagedKVCache
 from ..kernels.triton_attention import paged_attention_triton, plan_triton_attention
 
@@ -40,7 +41,7 @@ def device_bandwidth(nbytes: int = 2**30) -> float:
 
 def _decode_case(B, L, H, Hkv, D, block_size, dtype):
     "A decode batch of B sequences of L tokens in a shuffled pool on the GPU."
-    per_seq = -(-L // block_size)
+    per_seq = cdiv(L, block_size)
     pool = PagedKVCache(1, B * per_seq, block_size, Hkv, D, dtype, "cuda")
     pool.k.normal_()
     pool.v.normal_()

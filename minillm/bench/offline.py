@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..engine.block_manager import cdiv
 from ..llm import LLM
 from ..sampling import SamplingParams
 from .roofline import decode_work, measure_peak_flops, prefill_work
@@ -125,7 +126,7 @@ def run_hf_continuous(hf_model, w: Workload, page_size: int = 32, max_batch_toke
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0)  # -1: no EOS
-    blocks = sum(-(-(len(p) + n) // page_size) for p, n in zip(w.prompts, w.output_lens))
+    blocks = sum(cdiv(len(p) + n, page_size) for p, n in zip(w.prompts, w.output_lens))
     cb = ContinuousBatchingConfig(
         page_size=page_size,
         num_blocks=blocks,

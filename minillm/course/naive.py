@@ -37,21 +37,17 @@ def generation_loop(
         raise ValueError(
             f"the prompt has {len(prompt_ids)} tokens; the model's context holds {max_model_len}"
         )
-    room = max_model_len - len(prompt_ids)
-    stream = TextStream(
-        tokenizer,
-        params,
-        eos_token_ids,
-        prompt_ids,
-        max_tokens=min(params.max_tokens or room, room),
-    )
+    limit = params.output_limit(len(prompt_ids), max_model_len)
+    stream = TextStream(tokenizer, params, eos_token_ids, prompt_ids)
     generator, st, new_ids = make_generator(params.seed), None, list(prompt_ids)
-    while not stream.finished:
+    for i in range(limit):
         logits = next_logits(new_ids)[None]
         st = st or SamplingTensors.from_params([params], vocab_size or logits.shape[-1])
         token = int(sample(logits, st, [generator]))
         new_ids = [token]
-        yield token, stream.append(token), stream.finish_reason
+        yield token, stream.append(token, last=i + 1 == limit), stream.finish_reason
+        if stream.finished:
+            return
 
 
 def naive_generate(

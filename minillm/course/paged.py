@@ -9,8 +9,8 @@ __all__ = ["random_paged_batch", "forward_flat", "run_flat_batch", "advance"]
 import torch
 
 from ..engine.attention import TORCH_ATTENTION, AttentionBackend, PagedAttention
-from ..engine.block_manager import Sequence
-from ..engine.input_batch import FlatBatch, build_flat_batch
+from ..engine.block_manager import Sequence, cdiv
+from ..engine.input_batch import FlatBatch, build_flat_batch, slots_of
 from ..engine.kv_cache import PagedKVCache
 
 
@@ -28,7 +28,7 @@ def random_paged_batch(
     Returns the pool, the batch, random q [T, H, D] and the new tokens' k, v for it, and each
     sequence's full (k, v) for a contiguous reference."""
     g = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-(c + n) // block_size) for c, n in cases]
+    blocks_per_seq = [cdiv(c + n, block_size) for c, n in cases]
     num_blocks = sum(blocks_per_seq) + 3
     pool = PagedKVCache(1, num_blocks, block_size, num_kv_heads, head_dim, dtype)
     shuffled = torch.randperm(num_blocks, generator=g).tolist()
@@ -41,13 +41,8 @@ def random_paged_batch(
             for _ in range(2)
         )
         if cached:  # earlier steps wrote these
-            pos = torch.arange(cached)
-            pool.write(
-                0,
-                k[:cached],
-                v[:cached],
-                torch.tensor(seq.block_table)[pos // block_size] * block_size + pos % block_size,
-            )
+            slots = torch.tensor(slots_of(seq.block_table, range(cached), block_size))
+            pool.write(0, k[:cached], v[:cached], slots)
         seq.num_computed_tokens = cached
         seqs.append(seq)
         full.append((k, v))

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import causal_attention
+from .block_manager import cdiv
 from .kv_cache import PagedKVCache
 
 
@@ -46,7 +47,7 @@ class AttentionMetadata:
 
 def gather_kv(cache: PagedKVCache, layer: int, block_table: torch.Tensor, length: int):
     "K and V [length, kv_heads, head_dim] of one sequence, read through its block table."
-    n_blocks = -(-length // cache.block_size)
+    n_blocks = cdiv(length, cache.block_size)
     k = cache.k[layer, block_table[:n_blocks]].flatten(0, 1)[:length]
     v = cache.v[layer, block_table[:n_blocks]].flatten(0, 1)[:length]
     return k, v
@@ -90,7 +91,7 @@ def paged_attention_torch(
         decodes
     ):  # in groups whose padded copy of K/V stays under GATHER_BYTES, however long the contexts
         width = (
-            -(-max(md.context_lens_list[s] for s in decodes) // cache.block_size) * cache.block_size
+            cdiv(max(md.context_lens_list[s] for s in decodes), cache.block_size) * cache.block_size
         )
         per_seq = 2 * width * cache.k[0, 0, 0].numel() * cache.k.element_size()
         group = max(1, GATHER_BYTES // per_seq)
@@ -103,7 +104,7 @@ def paged_attention_torch(
 def _batched_decode(cache, layer, q, md, decodes):
     "Single-token queries of several sequences in one padded attention call."
     lens = [md.context_lens_list[s] for s in decodes]
-    n_blocks = -(-max(lens) // cache.block_size)
+    n_blocks = cdiv(max(lens), cache.block_size)
     tables = md.block_tables[decodes, :n_blocks]
     k = cache.k[layer, tables].flatten(1, 2)  # [B, n_blocks * block_size, Hkv, D]
     v = cache.v[layer, tables].flatten(1, 2)

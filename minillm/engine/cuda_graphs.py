@@ -12,6 +12,7 @@ import torch
 
 from ..kernels.triton_attention import TRITON_ATTENTION
 from .attention import AttentionMetadata, PagedAttention
+from .block_manager import cdiv
 from .input_batch import FlatBatch
 from .kv_cache import PagedKVCache
 
@@ -34,7 +35,7 @@ class CUDAGraphDecoder:
         device = cache.k.device
         self.model, self.cache, self.capture = model, cache, capture
         self.batch_sizes = graph_batch_sizes(max_batch)
-        max_blocks = -(-max_model_len // cache.block_size)
+        max_blocks = cdiv(max_model_len, cache.block_size)
         i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)

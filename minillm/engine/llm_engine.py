@@ -288,23 +288,21 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab}), the model's vocabulary")
-        SamplingTensors.from_params(
-            [params], vocab
-        )  # the per-row tensors the sampler will build, checked now
+        # the per-row tensors the sampler will build, checked now
+        SamplingTensors.from_params([params], vocab)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - len(ids))
         req = Request(
             seq_id=next(self._seq_ids),
             token_ids=ids,
             request_id=request_id,
             params=params,
-            max_tokens=max_tokens,
+            max_tokens=params.output_limit(len(ids), self.max_model_len),
             prompt=prompt if isinstance(prompt, str) else None,
             arrival_time=arrival_time or time.perf_counter(),
             generator=make_generator(params.seed, self.runner.device),
-            stream=TextStream(self.tokenizer, params, self.eos_token_ids, ids, max_tokens),
+            stream=TextStream(self.tokenizer, params, self.eos_token_ids, ids),
         )
         self.scheduler.check(req)  # refuses a request that could never fit in the pool
         return req
@@ -409,7 +407,7 @@ class LLMEngine:
     def _emit(self, req: Request, token: int) -> RequestOutput:
         "Detokenize one sampled token, check the stop conditions, finish the request if it is done."
         try:
-            delta = req.stream.append(token)
+            delta = req.stream.append(token, last=req.num_output_tokens >= req.max_tokens)
         except Exception as e:
             return self._fail(req, e)
         if req.stream.finished:

@@ -30,7 +30,7 @@ from torch.profiler import record_function
 from ..model import CausalLM, kv_cache_bytes_per_token
 from ..sampling import SamplingParams, SamplingTensors, sample
 from .attention import TORCH_ATTENTION, AttentionBackend, PagedAttention
-from .block_manager import Sequence
+from .block_manager import Sequence, cdiv
 from .input_batch import FlatBatch, build_flat_batch
 from .kv_cache import PagedKVCache
 from .scheduler import SchedulerOutput
@@ -169,7 +169,7 @@ def profile_run(
     )
     seqs, first = [], 0
     for i, n in enumerate(lengths):
-        blocks = -(-n // block_size)
+        blocks = cdiv(n, block_size)
         seqs.append(Sequence(i, [0] * n, block_table=list(range(first, first + blocks))))
         first += blocks
     cache = PagedKVCache.for_model(model.config, first, block_size, dtype, device)

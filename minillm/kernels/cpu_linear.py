@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..engine.block_manager import cdiv
+
 logger = logging.getLogger("minillm")
 
 
@@ -21,7 +23,7 @@ def row_bucket(m: int) -> int:
     if m <= 4:
         return 1 << (m - 1).bit_length()
     step = 8 if m <= 64 else 32 if m <= 512 else 128
-    return -(-m // step) * step
+    return cdiv(m, step) * step
 
 
 class PackedLinear(nn.Module):

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..engine.attention import AttentionBackend, AttentionMetadata
+from ..engine.block_manager import cdiv
 from ..engine.kv_cache import PagedKVCache
 
 
@@ -359,8 +360,8 @@ def decode_partials(num_seqs: int, num_heads: int, head_dim: int, num_splits: in
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
     """Split-K factor for a decode batch: a power of two that fills `num_sms` twice, within the key
     tiles."""
-    programs, tiles = num_seqs * num_kv_heads, -(-max_context // DECODE_BLOCK_N)
-    want = min(16, tiles, -(-2 * num_sms // programs))
+    programs, tiles = num_seqs * num_kv_heads, cdiv(max_context, DECODE_BLOCK_N)
+    want = min(16, tiles, cdiv(2 * num_sms, programs))
     return 1 if want <= 1 else 1 << (want.bit_length() - 1)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..llm import as_prompt_list
 from ..sampling import SamplingParams, check_text
 
 logger = logging.getLogger("minillm")
@@ -204,8 +205,7 @@ class CompletionRequest(SamplingFields):
 
     def prompts(self, limits: ServerLimits) -> list[str | list[int]]:
         "The prompts (strings or token id lists), checked."
-        p = self.prompt
-        prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+        prompts = as_prompt_list(self.prompt)
         _limit(len(prompts) >= 1, "prompt must not be empty", "prompt")
         _limit(
             len(prompts) <= limits.max_prompts, f"at most {limits.max_prompts} prompts", "prompt"
