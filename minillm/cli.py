@@ -259,6 +259,7 @@ def _workload_flags(p, num_requests, prompt, output):
         p.add_argument(flag, type=int, default=default)
 
 
+# %% ../nbs/09b_cli.ipynb #6ef9bd51
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="minillm", description="An LLM inference engine: serve, generate, chat, benchmark."
@@ -372,6 +373,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# %% ../nbs/09b_cli.ipynb #ba534228
 def _default_bench_mode(argv: list[str]) -> list[str]:
     "`minillm bench [flags]` means `minillm bench offline [flags]`."
     if argv[:1] == ["bench"] and (

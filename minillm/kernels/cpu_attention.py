@@ -172,6 +172,7 @@ TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("paged_decode", &paged_decode); }
 """
 
 
+# %% ../../nbs/08a_cpu_attention.ipynb #21c4a8e5
 @functools.cache
 def load_cpu_kernels():
     """Compile (once per machine; cached) and load the C++ attention kernels; raises if they cannot
@@ -199,9 +200,7 @@ def cpu_kernels_available() -> bool:
     try:
         load_cpu_kernels()
         return True
-    except (
-        Exception
-    ) as e:  # no compiler, no ninja, an unusual platform: the torch backend still works
+    except Exception as e:  # no compiler, no ninja, an unusual platform: torch's backend works
         logger.warning(
             "minillm: the C++ attention kernels could not be built (%s: %s); "
             "attention_backend='cpu' "

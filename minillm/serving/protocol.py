@@ -195,6 +195,7 @@ def _default(value, default):
     return default if value is None else value
 
 
+# %% ../../nbs/09_serving.ipynb #8b72be59
 def _limit(ok: bool, message: str, param: str):
     if not ok:
         raise APIError(400, message, param=param)
@@ -269,6 +270,7 @@ def _checked_text(text: str, param: str) -> str:
         raise APIError(400, str(e), param=param) from None
 
 
+# %% ../../nbs/09_serving.ipynb #4914ebf0
 def validation_message(error: ValidationError | list, max_errors: int = 3) -> str:
     "A short message for a body that does not parse: a few errors, never the input itself."
     errors = error.errors(include_input=False) if isinstance(error, ValidationError) else error
