@@ -531,6 +531,10 @@ d = {
                 "engine.html#engineconfig.resolved",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.EngineDeadError": (
+                "engine.html#enginedeaderror",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.LLMEngine": (
                 "engine.html#llmengine",
                 "minillm/engine/llm_engine.py",
@@ -555,10 +559,6 @@ d = {
                 "engine.html#llmengine._prompt_ids",
                 "minillm/engine/llm_engine.py",
             ),
-            "minillm.engine.llm_engine.LLMEngine._size_kv_pool": (
-                "engine.html#llmengine._size_kv_pool",
-                "minillm/engine/llm_engine.py",
-            ),
             "minillm.engine.llm_engine.LLMEngine.abort_request": (
                 "engine.html#llmengine.abort_request",
                 "minillm/engine/llm_engine.py",
@@ -577,6 +577,10 @@ d = {
             ),
             "minillm.engine.llm_engine.LLMEngine.make_request": (
                 "engine.html#llmengine.make_request",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.LLMEngine.shutdown": (
+                "engine.html#llmengine.shutdown",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.LLMEngine.step": (
@@ -611,12 +615,20 @@ d = {
                 "engine.html#cpu_has_native_bf16",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.create_model_runner": (
+                "engine.html#create_model_runner",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.model_name": (
                 "engine.html#model_name",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.request_output": (
                 "engine.html#request_output",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.size_kv_pool": (
+                "engine.html#size_kv_pool",
                 "minillm/engine/llm_engine.py",
             ),
         },
@@ -635,6 +647,10 @@ d = {
             ),
             "minillm.engine.model_runner.ModelRunner.forward": (
                 "model_runner.html#modelrunner.forward",
+                "minillm/engine/model_runner.py",
+            ),
+            "minillm.engine.model_runner.ModelRunner.shutdown": (
+                "model_runner.html#modelrunner.shutdown",
                 "minillm/engine/model_runner.py",
             ),
             "minillm.engine.model_runner.cpu_usable": (
@@ -901,6 +917,7 @@ d = {
             "minillm.llm.LLM.config": ("engine.html#llm.config", "minillm/llm.py"),
             "minillm.llm.LLM.generate": ("engine.html#llm.generate", "minillm/llm.py"),
             "minillm.llm.LLM.model_path": ("engine.html#llm.model_path", "minillm/llm.py"),
+            "minillm.llm.LLM.shutdown": ("engine.html#llm.shutdown", "minillm/llm.py"),
             "minillm.llm.LLM.tokenizer": ("engine.html#llm.tokenizer", "minillm/llm.py"),
             "minillm.llm.as_prompt_list": ("engine.html#as_prompt_list", "minillm/llm.py"),
         },
@@ -1017,6 +1034,194 @@ d = {
                 "minillm/model.py",
             ),
             "minillm.model.rope_inv_freq": ("kv_cache.html#rope_inv_freq", "minillm/model.py"),
+        },
+        "minillm.parallel.executor": {
+            "minillm.parallel.executor.TPModelRunner": (
+                "tensor_parallel.html#tpmodelrunner",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TPModelRunner.__init__": (
+                "tensor_parallel.html#tpmodelrunner.__init__",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TPModelRunner.forward": (
+                "tensor_parallel.html#tpmodelrunner.forward",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TPModelRunner.shutdown": (
+                "tensor_parallel.html#tpmodelrunner.shutdown",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel": (
+                "tensor_parallel.html#tensorparallel",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.__init__": (
+                "tensor_parallel.html#tensorparallel.__init__",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.check_workers": (
+                "tensor_parallel.html#tensorparallel.check_workers",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.failure": (
+                "tensor_parallel.html#tensorparallel.failure",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.load_model": (
+                "tensor_parallel.html#tensorparallel.load_model",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.make_runner": (
+                "tensor_parallel.html#tensorparallel.make_runner",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.min_over_ranks": (
+                "tensor_parallel.html#tensorparallel.min_over_ranks",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.receive": (
+                "tensor_parallel.html#tensorparallel.receive",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.send": (
+                "tensor_parallel.html#tensorparallel.send",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.shutdown": (
+                "tensor_parallel.html#tensorparallel.shutdown",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor._exit_with_parent": (
+                "tensor_parallel.html#_exit_with_parent",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor._init_watching": (
+                "tensor_parallel.html#_init_watching",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.rank_device": (
+                "tensor_parallel.html#rank_device",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.run_worker": (
+                "tensor_parallel.html#run_worker",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.share_cpu_threads": (
+                "tensor_parallel.html#share_cpu_threads",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.start_tensor_parallel": (
+                "tensor_parallel.html#start_tensor_parallel",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.to_device": (
+                "tensor_parallel.html#to_device",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.worker_errors": (
+                "tensor_parallel.html#worker_errors",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.worker_main": (
+                "tensor_parallel.html#worker_main",
+                "minillm/parallel/executor.py",
+            ),
+        },
+        "minillm.parallel.layers": {
+            "minillm.parallel.layers.CommStats": (
+                "tensor_parallel.html#commstats",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.ParallelLMHead": (
+                "tensor_parallel.html#parallellmhead",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.ParallelLMHead.__init__": (
+                "tensor_parallel.html#parallellmhead.__init__",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.ParallelLMHead.forward": (
+                "tensor_parallel.html#parallellmhead.forward",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.RowParallelLinear": (
+                "tensor_parallel.html#rowparallellinear",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.RowParallelLinear.__init__": (
+                "tensor_parallel.html#rowparallellinear.__init__",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.RowParallelLinear.forward": (
+                "tensor_parallel.html#rowparallellinear.forward",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.TPGroup": (
+                "tensor_parallel.html#tpgroup",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.TPGroup.__init__": (
+                "tensor_parallel.html#tpgroup.__init__",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.TPGroup._count": (
+                "tensor_parallel.html#tpgroup._count",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.TPGroup.all_reduce": (
+                "tensor_parallel.html#tpgroup.all_reduce",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.TPGroup.gather": (
+                "tensor_parallel.html#tpgroup.gather",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.TPGroup.reset_stats": (
+                "tensor_parallel.html#tpgroup.reset_stats",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.VocabParallelEmbedding": (
+                "tensor_parallel.html#vocabparallelembedding",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.VocabParallelEmbedding.__init__": (
+                "tensor_parallel.html#vocabparallelembedding.__init__",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.VocabParallelEmbedding.forward": (
+                "tensor_parallel.html#vocabparallelembedding.forward",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.check_tp_size": (
+                "tensor_parallel.html#check_tp_size",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.kv_heads_of": (
+                "tensor_parallel.html#kv_heads_of",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.load_model_shard": (
+                "tensor_parallel.html#load_model_shard",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.load_state_dict_shard": (
+                "tensor_parallel.html#load_state_dict_shard",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.local_config": (
+                "tensor_parallel.html#local_config",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.shard_rule": (
+                "tensor_parallel.html#shard_rule",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.valid_tp_sizes": (
+                "tensor_parallel.html#valid_tp_sizes",
+                "minillm/parallel/layers.py",
+            ),
         },
         "minillm.sampling": {
             "minillm.sampling.SamplingParams": (
@@ -1239,10 +1444,6 @@ d = {
             ),
             "minillm.serving.async_engine.AsyncEngine.submit": (
                 "serving.html#asyncengine.submit",
-                "minillm/serving/async_engine.py",
-            ),
-            "minillm.serving.async_engine.EngineDeadError": (
-                "serving.html#enginedeaderror",
                 "minillm/serving/async_engine.py",
             ),
             "minillm.serving.async_engine.RequestFailed": (

@@ -50,6 +50,11 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
     ),
     "--max-model-len": ("max_model_len", int, "context length (default: the model's)"),
     "--attention-backend": ("attention_backend", str, "auto, torch, cpu or triton"),
+    "--tensor-parallel-size": (
+        "tensor_parallel_size",
+        int,
+        "processes each layer is split over (chapter 11)",
+    ),
 }
 
 

@@ -44,6 +44,10 @@ class LLM:
     def config(self) -> EngineConfig:
         return self.engine.config
 
+    def shutdown(self):
+        "Stop the engine's worker processes, if it has any (chapter 11); safe to call twice."
+        self.engine.shutdown()
+
     def generate(
         self,
         prompts,

@@ -84,6 +84,8 @@ def test_engine_flags_reach_the_engine_config():
             "--no-prefix-caching",
             "--block-size",
             "32",
+            "--tensor-parallel-size",
+            "2",
         ]
     )
     cfg = EngineConfig(**engine_kwargs(args))
@@ -92,5 +94,6 @@ def test_engine_flags_reach_the_engine_config():
         cfg.enforce_eager,
         cfg.enable_prefix_caching,
         cfg.block_size,
-    ) == ("triton", True, False, 32)
+        cfg.tensor_parallel_size,
+    ) == ("triton", True, False, 32, 2)
     assert EngineConfig(**engine_kwargs(parser().parse_args(["serve"]))) == EngineConfig()

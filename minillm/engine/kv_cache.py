@@ -28,7 +28,7 @@ class PagedKVCache:
             torch.zeros(shape, dtype=dtype, device=device),
             torch.zeros(shape, dtype=dtype, device=device),
         )
-        self.block_size = block_size
+        self.num_blocks, self.block_size = num_blocks, block_size
 
     @classmethod
     def for_model(

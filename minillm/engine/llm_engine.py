@@ -14,6 +14,9 @@ __all__ = [
     "RequestOutput",
     "request_output",
     "model_name",
+    "size_kv_pool",
+    "create_model_runner",
+    "EngineDeadError",
     "LLMEngine",
 ]
 
@@ -36,11 +39,17 @@ from minillm.engine.model_runner import (
     profile_run,
     resolve_attention_backend,
 )
+from minillm.loader import (
+    DEFAULT_GGUF_FILE,
+    eos_token_ids,
+    load_tokenizer,
+    read_config,
+    resolve_model_path,
+)
 
 from ..detokenizer import TextStream
-from ..loader import DEFAULT_GGUF_FILE, eos_token_ids, load_tokenizer, resolve_model_path
 from ..metrics import RequestLatency
-from ..model import load_model
+from ..model import ModelConfig, load_model
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
 from .block_manager import BlockManager
 from .request import Request
@@ -71,6 +80,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
     enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (chapter 8c)
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
+    tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
 
     def resolved(self) -> "EngineConfig":
         "A copy with 'auto' settled for this machine."
@@ -82,6 +92,8 @@ class EngineConfig:
         dtype = self.dtype if self.dtype != "auto" else auto_dtype(device)
         if dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         return dataclasses.replace(self, device=device, dtype=dtype)
 
 
@@ -182,7 +194,74 @@ def model_name(model: str | None) -> str:
     return re.sub(r"\.(Q\d\w*|IQ\d\w*|F16|F32|BF16)$", "", path.stem, flags=re.IGNORECASE)
 
 
+# %% ../../nbs/07b_engine.ipynb #95f2b3c5
+def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) -> int:
+    """The number of KV blocks that fit beside `model` (see `num_kv_blocks_for_memory`); on CUDA
+    after a profile run."""
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    mcfg = model.config
+    extra = 0
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        backend = load_attention_backend(
+            resolve_attention_backend(cfg.attention_backend, device, mcfg.head_dim)
+        )
+        pool_bytes = profile_run(
+            model,
+            backend,
+            cfg.max_num_batched_tokens,
+            max_model_len - 1,
+            cfg.max_num_seqs,
+            cfg.block_size,
+        )
+        torch.cuda.synchronize(device)
+        activations = torch.cuda.max_memory_allocated(device) - before - pool_bytes
+        extra = -pool_bytes
+        if not cfg.enforce_eager:  # CUDA graphs keep a decode step's activations and its logits
+            extra += activations * min(1.0, cfg.max_num_seqs / cfg.max_num_batched_tokens)
+            extra += cfg.max_num_seqs * mcfg.vocab_size * 4
+        torch.cuda.empty_cache()  # what the profile run reserved and no longer uses
+    return num_kv_blocks_for_memory(
+        mcfg,
+        cfg.block_size,
+        dtype,
+        device,
+        cfg.kv_cache_memory_gb,
+        cfg.gpu_memory_utilization,
+        baseline,
+        int(extra),
+    )
+
+
+def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=None) -> ModelRunner:
+    """Load the model, size the KV pool, build the runner. Under tensor parallelism (chapter 11)
+    `tp` loads this rank's shard, makes the ranks agree on the pool's size, and makes the runner."""
+    device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
+    baseline = cuda_memory_snapshot(device) if device.type == "cuda" else None  # before weights
+    model = (tp.load_model if tp else load_model)(model_path, dtype, device)
+    num_blocks = cfg.num_kv_blocks or size_kv_pool(model, cfg, max_model_len, baseline)
+    if tp is not None:
+        num_blocks = tp.min_over_ranks(num_blocks)
+    make = tp.make_runner if tp else ModelRunner
+    return make(
+        model,
+        num_blocks,
+        cfg.block_size,
+        cfg.attention_backend,
+        cuda_graph_max_batch=0 if cfg.enforce_eager or tp else cfg.max_num_seqs,
+        max_model_len=max_model_len,
+        seed=cfg.seed,
+    )
+
+
 # %% ../../nbs/07b_engine.ipynb #0487fa5b
+class EngineDeadError(RuntimeError):
+    """The engine cannot run another step (its thread stopped, or a tensor-parallel worker died):
+    every request in it has ended."""
+
+
 class LLMEngine:
     "The inference loop: requests in, one scheduled forward pass per step, tokens out."
 
@@ -192,25 +271,18 @@ class LLMEngine:
         self.model_name = model_name(cfg.model)
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
-        device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
-        baseline = (
-            cuda_memory_snapshot(device) if device.type == "cuda" else None
-        )  # before the weights
-        self.model = load_model(self.model_path, dtype, device)
-        mcfg = self.model.config
+        mcfg = ModelConfig.from_hf(read_config(self.model_path))
         self.max_model_len = min(
             cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
         )
-        num_blocks = cfg.num_kv_blocks or self._size_kv_pool(device, dtype, baseline)
-        self.runner = ModelRunner(
-            self.model,
-            num_blocks,
-            cfg.block_size,
-            cfg.attention_backend,
-            cuda_graph_max_batch=0 if cfg.enforce_eager else cfg.max_num_seqs,
-            max_model_len=self.max_model_len,
-            seed=cfg.seed,
-        )
+        if cfg.tensor_parallel_size > 1:
+            from minillm.parallel.executor import start_tensor_parallel  # chapter 11
+
+            self.runner = start_tensor_parallel(cfg, self.model_path, self.max_model_len)
+        else:
+            self.runner = create_model_runner(cfg, self.model_path, self.max_model_len)
+        self.model = self.runner.model
+        num_blocks = self.runner.cache.num_blocks
         self.config = dataclasses.replace(
             cfg,
             num_kv_blocks=num_blocks,
@@ -226,46 +298,6 @@ class LLMEngine:
         )
         self.requests: dict[str, Request] = {}
         self._ids, self._seq_ids = itertools.count(), itertools.count()
-
-    def _size_kv_pool(self, device, dtype, baseline) -> int:
-        """The number of KV blocks that fit (see `num_kv_blocks_for_memory`); on CUDA after a
-        profile run."""
-        cfg, mcfg = self.config, self.model.config
-        extra = 0
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-            backend = load_attention_backend(
-                resolve_attention_backend(cfg.attention_backend, device, mcfg.head_dim)
-            )
-            pool_bytes = profile_run(
-                self.model,
-                backend,
-                cfg.max_num_batched_tokens,
-                self.max_model_len - 1,
-                cfg.max_num_seqs,
-                cfg.block_size,
-            )
-            torch.cuda.synchronize(device)
-            activations = torch.cuda.max_memory_allocated(device) - before - pool_bytes
-            extra = -pool_bytes
-            if (
-                not cfg.enforce_eager
-            ):  # CUDA graphs keep a decode step's activations and one logits buffer
-                extra += activations * min(1.0, cfg.max_num_seqs / cfg.max_num_batched_tokens)
-                extra += cfg.max_num_seqs * mcfg.vocab_size * 4
-            torch.cuda.empty_cache()  # what the profile run reserved and no longer uses
-        return num_kv_blocks_for_memory(
-            mcfg,
-            cfg.block_size,
-            dtype,
-            device,
-            cfg.kv_cache_memory_gb,
-            cfg.gpu_memory_utilization,
-            baseline,
-            int(extra),
-        )
 
     def make_request(
         self,
@@ -386,6 +418,8 @@ class LLMEngine:
         that fail alone fail."""
         try:
             return self.runner.execute(out), {}
+        except EngineDeadError:
+            raise
         except Exception as e:
             if len(out.requests) == 1:
                 return [None], {out.requests[0]: e}
@@ -399,6 +433,8 @@ class LLMEngine:
         for req, n in zip(out.requests, out.num_tokens):
             try:
                 sampled += self.runner.execute(SchedulerOutput([req], [n]))
+            except EngineDeadError:
+                raise
             except Exception as e:
                 sampled.append(None)
                 errors[req] = e
@@ -422,3 +458,7 @@ class LLMEngine:
         self.scheduler.finish(req, "error")
         self.requests.pop(req.request_id, None)
         return request_output(req)
+
+    def shutdown(self):
+        "Stop what the engine runs beside this process (chapter 11's workers); safe to call twice."
+        self.runner.shutdown()

@@ -178,9 +178,9 @@ def profile_run(
     rows = min(max_num_seqs, len(hidden))
     logits = model.compute_logits(hidden[:rows])
     every_filter = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05)
-    sample(
-        logits, SamplingTensors.from_params([every_filter] * rows, model.config.vocab_size, device)
-    )
+    if len(logits):  # under tensor parallelism (chapter 11) only rank 0 holds logits and samples
+        st = SamplingTensors.from_params([every_filter] * rows, model.config.vocab_size, device)
+        sample(logits, st)
     return 2 * cache.k.numel() * cache.k.element_size()
 
 
@@ -263,6 +263,9 @@ class ModelRunner:
             for i, t in zip(rows, tokens):
                 result[i] = t
         return result
+
+    def shutdown(self):
+        "Nothing to stop here; chapter 11's tensor-parallel runner stops its worker processes."
 
     def forward(self, batch: FlatBatch) -> torch.Tensor:
         """One eager forward pass over a flat batch: the logits [S, V] at each sequence's last new

@@ -1,0 +1,1 @@
+"Tensor parallelism (chapter 11): the split layers, and the engine across processes."
