@@ -50,10 +50,10 @@ readme: $(STAMP)
 # Without CUDA, chapter 8's kernels run in Triton's interpreter. It must be on before triton is first imported, and
 # nbdev-test runs many notebooks per process (transformers imports triton early), so it is set for the whole run.
 NB_ENV = $(shell $(BIN)/python -c "import torch; print('' if torch.cuda.is_available() else 'TRITON_INTERPRET=1')")
-NB ?=
-nbs: $(STAMP)  ## execute notebooks in place, one at a time so measurements do not compete (NB=nbs/x.ipynb for one)
-	$(NB_ENV) $(BIN)/nbdev-test --save --flags notest --n-workers 1 $(NB)
-	$(BIN)/nbdev-clean
+NB ?= $(sort $(wildcard nbs/[0-9]*.ipynb))
+nbs: $(STAMP)  ## execute notebooks in place, one at a time (measurements do not compete) and each in a fresh process (memory is returned); NB=nbs/x.ipynb for one
+	status=0; for nb in $(NB); do echo "$$nb"; $(NB_ENV) $(BIN)/nbdev-test --save --flags notest --n-workers 1 $$nb || status=1; done; \
+	$(BIN)/nbdev-clean; exit $$status
 
 test: lint test-nbs test-py
 

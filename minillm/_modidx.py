@@ -215,6 +215,7 @@ d = {
             "minillm.cli.cmd_generate": ("cli.html#cmd_generate", "minillm/cli.py"),
             "minillm.cli.cmd_serve": ("cli.html#cmd_serve", "minillm/cli.py"),
             "minillm.cli.engine_kwargs": ("cli.html#engine_kwargs", "minillm/cli.py"),
+            "minillm.cli.json_object": ("cli.html#json_object", "minillm/cli.py"),
             "minillm.cli.main": ("cli.html#main", "minillm/cli.py"),
             "minillm.cli.parser": ("cli.html#parser", "minillm/cli.py"),
         },
@@ -543,6 +544,10 @@ d = {
                 "engine.html#llmengine.__init__",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.LLMEngine._detokenize": (
+                "engine.html#llmengine._detokenize",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.LLMEngine._emit": (
                 "engine.html#llmengine._emit",
                 "minillm/engine/llm_engine.py",
@@ -725,6 +730,10 @@ d = {
                 "scheduler.html#scheduler.__init__",
                 "minillm/engine/scheduler.py",
             ),
+            "minillm.engine.scheduler.Scheduler._lookahead": (
+                "scheduler.html#scheduler._lookahead",
+                "minillm/engine/scheduler.py",
+            ),
             "minillm.engine.scheduler.Scheduler._preempt": (
                 "scheduler.html#scheduler._preempt",
                 "minillm/engine/scheduler.py",
@@ -755,6 +764,10 @@ d = {
             ),
             "minillm.engine.scheduler.Scheduler.schedule": (
                 "scheduler.html#scheduler.schedule",
+                "minillm/engine/scheduler.py",
+            ),
+            "minillm.engine.scheduler.Scheduler.set_drafts": (
+                "scheduler.html#scheduler.set_drafts",
                 "minillm/engine/scheduler.py",
             ),
             "minillm.engine.scheduler.Scheduler.update": (
@@ -1573,6 +1586,66 @@ d = {
             "minillm.serving.protocol.validation_message": (
                 "serving.html#validation_message",
                 "minillm/serving/protocol.py",
+            ),
+        },
+        "minillm.spec_decode.proposers": {
+            "minillm.spec_decode.proposers.DraftModelProposer": (
+                "speculative_decoding.html#draftmodelproposer",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.DraftModelProposer.__init__": (
+                "speculative_decoding.html#draftmodelproposer.__init__",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.DraftModelProposer._forward": (
+                "speculative_decoding.html#draftmodelproposer._forward",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.DraftModelProposer.propose": (
+                "speculative_decoding.html#draftmodelproposer.propose",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.NgramProposer": (
+                "speculative_decoding.html#ngramproposer",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.NgramProposer.__init__": (
+                "speculative_decoding.html#ngramproposer.__init__",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.NgramProposer.propose": (
+                "speculative_decoding.html#ngramproposer.propose",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.lookahead_of": (
+                "speculative_decoding.html#lookahead_of",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.make_proposer": (
+                "speculative_decoding.html#make_proposer",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.ngram_draft": (
+                "speculative_decoding.html#ngram_draft",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.truncated_model_dir": (
+                "speculative_decoding.html#truncated_model_dir",
+                "minillm/spec_decode/proposers.py",
+            ),
+        },
+        "minillm.spec_decode.rejection_sampler": {
+            "minillm.spec_decode.rejection_sampler.greedy_accept": (
+                "speculative_decoding.html#greedy_accept",
+                "minillm/spec_decode/rejection_sampler.py",
+            ),
+            "minillm.spec_decode.rejection_sampler.rejection_sample": (
+                "speculative_decoding.html#rejection_sample",
+                "minillm/spec_decode/rejection_sampler.py",
+            ),
+            "minillm.spec_decode.rejection_sampler.verify_drafts": (
+                "speculative_decoding.html#verify_drafts",
+                "minillm/spec_decode/rejection_sampler.py",
             ),
         },
     },

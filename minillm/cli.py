@@ -7,6 +7,7 @@ Docs: https://minillm.github.io/minillm/cli.html.md"""
 # %% auto #0
 __all__ = [
     "ENGINE_FLAGS",
+    "json_object",
     "add_engine_flags",
     "engine_kwargs",
     "add_sampling_flags",
@@ -22,9 +23,22 @@ __all__ = [
 
 # %% ../nbs/09b_cli.ipynb #ad4e8990
 import argparse
+import json
 import sys
 
 from .engine.llm_engine import EngineConfig
+
+
+def json_object(text: str, flag: str) -> dict:
+    "A flag's value parsed as a JSON object, or an error that shows the expected form."
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{flag} must be JSON ({e})") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{flag} must be a JSON object, like '{{\"key\": 1}}'")
+    return value
+
 
 ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
     "--model": (
@@ -54,6 +68,11 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
         "tensor_parallel_size",
         int,
         "processes each layer is split over (chapter 11)",
+    ),
+    "--speculative-config": (
+        "speculative_config",
+        lambda text: json_object(text, "--speculative-config"),
+        'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
     ),
 }
 

@@ -86,6 +86,8 @@ def test_engine_flags_reach_the_engine_config():
             "32",
             "--tensor-parallel-size",
             "2",
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 2}',
         ]
     )
     cfg = EngineConfig(**engine_kwargs(args))
@@ -95,5 +97,15 @@ def test_engine_flags_reach_the_engine_config():
         cfg.enable_prefix_caching,
         cfg.block_size,
         cfg.tensor_parallel_size,
-    ) == ("triton", True, False, 32, 2)
+        cfg.speculative_config,
+    ) == ("triton", True, False, 32, 2, {"method": "ngram", "num_speculative_tokens": 2})
     assert EngineConfig(**engine_kwargs(parser().parse_args(["serve"]))) == EngineConfig()
+
+
+def test_speculative_config_must_be_a_json_object(capsys):
+    from minillm.cli import parser
+
+    for bad in ("ngram", "[1, 2]"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["serve", "--speculative-config", bad])
+        assert "--speculative-config must be" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """Scheduler properties on random workloads, with a stand-in model.
 
 The stand-in computes each next token from the KV cache's contents: a wrong block, a stale prefix
-hit or a missed recomputation changes the output."""
+hit, a missed recomputation or a rejected draft token counted as computed changes the output."""
+
+import random
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from minillm.engine.input_batch import build_flat_batch
 from minillm.engine.request import Request, RequestStatus
 from minillm.engine.scheduler import Scheduler
 from minillm.sampling import SamplingParams
+from minillm.spec_decode.rejection_sampler import greedy_accept
 
 BS = 4
 PIECES = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9]]
@@ -36,7 +39,7 @@ def kv_of(tokens, p) -> int:
 
 class KVEchoModel:
     """Writes each new token's stand-in K/V into its slot; samples from what the cache holds for the
-    whole sequence."""
+    whole sequence, and verifies draft tokens greedily against what it would have sampled."""
 
     def __init__(self, num_blocks):
         self.slots = torch.full((num_blocks * BS,), -1)
@@ -45,7 +48,7 @@ class KVEchoModel:
         batch = build_flat_batch(out.requests, out.num_tokens, BS)
         self.slots[batch.metadata.slot_mapping] = torch.tensor(
             [
-                kv_of(r.token_ids, p)
+                kv_of(r.token_ids + r.spec_token_ids, p)
                 for r, n in zip(out.requests, out.num_tokens)
                 for p in range(r.num_computed_tokens, r.num_computed_tokens + n)
             ]
@@ -53,15 +56,36 @@ class KVEchoModel:
         sampled = []
         for req, n, samples in zip(out.requests, out.num_tokens, out.samples):
             if not samples:
-                sampled.append(None)
+                sampled.append([])
                 continue
-            pos = torch.arange(req.num_computed_tokens + n)
-            seen = self.slots[torch.tensor(req.block_table)[pos // BS] * BS + pos % BS]
-            sampled.append(next_token(tuple(seen.tolist())))
+            target = []
+            for last in range(len(req.token_ids) - 1, req.num_computed_tokens + n):
+                pos = torch.arange(last + 1)
+                seen = self.slots[torch.tensor(req.block_table)[pos // BS] * BS + pos % BS]
+                target.append(next_token(tuple(seen.tolist())))
+            sampled.append(greedy_accept(target, req.spec_token_ids))
         return sampled
 
 
-def run(sched, requests, arrivals, max_iters=20_000):
+def guessing_proposer(seed: int, wrong: float = 0.3):
+    "Drafts that continue the reference, each replaced by a random token with probability `wrong`."
+    rng = random.Random(seed)
+
+    def propose(out):
+        drafts = []
+        for req, n in zip(out.requests, out.num_tokens):
+            tokens, guess = list(req.token_ids), []
+            for _ in range(max(0, req.num_computed_tokens + n - len(req.token_ids))):
+                t = next_token(tuple(kv_of(tokens, p) for p in range(len(tokens))))
+                guess.append(rng.randint(10, 59) if rng.random() < wrong else t)
+                tokens.append(guess[-1])
+            drafts.append(guess)
+        return drafts
+
+    return propose
+
+
+def run(sched, requests, arrivals, max_iters=20_000, propose=None):
     model = KVEchoModel(sched.bm.num_blocks)
     pending, it = sorted(zip(arrivals, range(len(requests))), reverse=True), 0
     while pending or sched.num_unfinished:
@@ -77,6 +101,8 @@ def run(sched, requests, arrivals, max_iters=20_000):
         assert len(set(map(id, out.requests))) == len(out.requests)
         if out.is_empty:
             continue
+        if propose is not None:
+            sched.set_drafts(out, propose(out))
         sched.update(out, model.run(out))
         for r in out.requests:
             if len(r.output_ids) >= r.max_tokens:
@@ -129,6 +155,32 @@ def test_random_workloads(work, extra_blocks, budget, max_seqs, caching):
         assert r.output_ids == reference(p, r.max_tokens)
 
 
+@given(
+    work=workloads,
+    extra_blocks=st.integers(0, 30),
+    budget=st.integers(1, 48),
+    max_seqs=st.integers(1, 8),
+    caching=st.booleans(),
+    k=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=150, deadline=None)
+def test_random_workloads_with_draft_tokens(work, extra_blocks, budget, max_seqs, caching, k, seed):
+    "Speculative decoding (chapter 12): rejected drafts roll back exactly, whatever the schedule."
+    prompts = [[t for p in pieces for t in PIECES[p]] + tail or [7] for pieces, tail, _, _ in work]
+    lengths = [len(p) + m for p, (_, _, m, _) in zip(prompts, work)]
+    bm = BlockManager(
+        max(cdiv(n, BS) for n in lengths) + extra_blocks, BS, enable_prefix_caching=caching
+    )
+    sched = Scheduler(bm, max_seqs, budget, num_speculative_tokens=k)
+    requests = [make(i, p, m) for i, (p, (_, _, m, _)) in enumerate(zip(prompts, work))]
+    run(sched, requests, [a for *_, a in work], propose=guessing_proposer(seed))
+    assert bm.num_free_blocks == bm.num_blocks
+    for r, p in zip(requests, prompts):
+        assert r.output_ids == reference(p, r.max_tokens) and not r.spec_token_ids
+    assert 0 <= sched.num_accepted_tokens <= sched.num_draft_tokens
+
+
 def test_preemption_happens_and_is_exact():
     prompts = [[10 + i] * 9 for i in range(6)]
     bm = BlockManager(8, BS)
@@ -147,7 +199,7 @@ def test_chunked_prefill_respects_budget():
     while not req.output_ids:
         out = sched.schedule()
         chunks.append(out.num_tokens[0])
-        sched.update(out, [99 if s else None for s in out.samples])
+        sched.update(out, [[99] if s else [] for s in out.samples])
     assert chunks == [5, 5, 5, 5, 3]
 
 
@@ -156,7 +208,7 @@ def test_decodes_go_first():
     a, b = make(0, [1, 2, 3], 5), make(1, list(range(30, 50)), 5)
     sched.add(a)
     out = sched.schedule()
-    sched.update(out, [7])  # a has prefilled and decodes now
+    sched.update(out, [[7]])  # a has prefilled and decodes now
     sched.add(b)
     out = sched.schedule()
     assert out.requests == [a, b] and out.num_tokens == [1, 7]  # a's decode, then b's chunk
@@ -169,7 +221,7 @@ def test_abort_frees_everything():
     for r in reqs:
         sched.add(r)
     out = sched.schedule()
-    sched.update(out, [1 if s else None for s in out.samples])
+    sched.update(out, [[1] if s else [] for s in out.samples])
     for r in reqs:
         sched.finish(r, "abort")
     assert bm.num_free_blocks == 32 and not sched.num_unfinished

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import assert_equal_except_near_ties
 
 from minillm.bench.random_models import random_model_dir
 from minillm.engine.llm_engine import EngineDeadError
@@ -58,37 +59,6 @@ def prompts_with_shared_prefix(n: int = 6) -> list[list[int]]:
         (prefix if i < 4 else []) + [(13 * i + 5 * j) % 900 + 2 for j in range(20 + 9 * i)]
         for i in range(n)
     ]
-
-
-def hf_reference(hf, prompt):
-    "transformers' greedy tokens and its scores (logits) at each step."
-    ids = torch.tensor([prompt])
-    out = hf.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=STEPS,
-        pad_token_id=0,
-        eos_token_id=None,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), [s[0].float() for s in out.scores]
-
-
-def assert_equal_except_near_ties(outs, hf, prompts) -> int:
-    "Tokens equal transformers' up to a divergence at a near-tie (top two within 1e-4); counted."
-    near_ties = 0
-    for o, p in zip(outs, prompts):
-        ref, scores = hf_reference(hf, p)
-        i = next((i for i, (a, b) in enumerate(zip(o.token_ids, ref)) if a != b), None)
-        if i is None:
-            continue
-        gap = float(scores[i][ref[i]] - scores[i][o.token_ids[i]])
-        assert 0 <= gap <= 1e-4 * float(scores[i].abs().max()), (i, gap, o.token_ids, ref)
-        near_ties += 1
-    print(f"{near_ties} of {len(prompts)} sequences diverged at a near-tie")
-    return near_ties
 
 
 def test_greedy_tokens_equal_transformers(model):

@@ -25,6 +25,9 @@ class Sequence:
     block_hashes: list[int] = field(
         default_factory=list
     )  # chained hashes of the full blocks, in order
+    spec_token_ids: list[int] = field(
+        default_factory=list
+    )  # draft tokens after token_ids, not yet verified (chapter 12): never hashed or cached
 
     def __len__(self):
         return len(self.token_ids)

@@ -21,7 +21,7 @@ class FlatBatch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     metadata: AttentionMetadata
-    logits_indices: torch.Tensor  # [S]: the last new token of each sequence
+    logits_indices: torch.Tensor  # [S]: the last new token of each sequence (more with drafts)
 
 
 def slots_of(block_table: list[int], positions, block_size: int) -> list[int]:
@@ -32,19 +32,22 @@ def slots_of(block_table: list[int], positions, block_size: int) -> list[int]:
 def build_flat_batch(
     seqs: list[Sequence], num_new_tokens: list[int], block_size: int, device="cpu"
 ) -> FlatBatch:
-    "The flat batch that computes tokens [num_computed, num_computed + n) of each sequence."
-    ids, positions, slots, cu, ctx = [], [], [], [0], []
+    """The flat batch that computes tokens [num_computed, num_computed + n) of each sequence; past
+    its known tokens come its draft tokens (chapter 12), whose logits are all kept."""
+    ids, positions, slots, cu, ctx, logits_at = [], [], [], [0], [], []
     for seq, n in zip(seqs, num_new_tokens):  # plain lists: a few list operations per sequence
         start, end, table = seq.num_computed_tokens, seq.num_computed_tokens + n, seq.block_table
-        if not (n >= 1 and end <= len(seq) and len(table) * block_size >= end):
+        drafts = max(0, end - len(seq))
+        if not (n >= 1 and drafts <= len(seq.spec_token_ids) and len(table) * block_size >= end):
             raise ValueError(
                 f"sequence {seq.seq_id}: tokens [{start}, {end}) need their blocks allocated first"
             )
-        ids += seq.token_ids[start:end]
+        ids += seq.token_ids[start:end] + seq.spec_token_ids[:drafts]
         positions += range(start, end)
         slots += slots_of(table, range(start, end), block_size)
         cu.append(cu[-1] + n)
         ctx.append(end)
+        logits_at += range(cu[-1] - 1 - drafts, cu[-1])  # the last token, and before each draft
     width = max(len(s.block_table) for s in seqs)
     tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
 
@@ -61,10 +64,7 @@ def build_flat_batch(
         query_starts=cu[:-1],
     )
     return FlatBatch(
-        tensor(ids, torch.long),
-        tensor(positions, torch.long),
-        md,
-        tensor([c - 1 for c in cu[1:]], torch.long),
+        tensor(ids, torch.long), tensor(positions, torch.long), md, tensor(logits_at, torch.long)
     )
 
 

@@ -81,6 +81,7 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (chapter 8c)
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
     tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
+    speculative_config: dict | None = None  # draft tokens to verify per step (chapter 12)
 
     def resolved(self) -> "EngineConfig":
         "A copy with 'auto' settled for this machine."
@@ -135,6 +136,8 @@ class RequestOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  # why the request failed, when finish_reason is "error"
     num_prompt_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative decoding (chapter 12): drafts proposed so far
+    num_accepted_tokens: int = 0  # and of those, accepted
 
     @property
     def metrics(self) -> RequestLatency | None:
@@ -182,6 +185,8 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
         list(delta_ids),
         req.error,
         req.prompt_len,
+        req.num_draft_tokens,
+        req.num_accepted_tokens,
     )
 
 
@@ -290,11 +295,17 @@ class LLMEngine:
             enforce_eager=self.runner.graphs is None,
         )
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.proposer = None
+        if cfg.speculative_config:
+            from minillm.spec_decode.proposers import make_proposer  # chapter 12
+
+            self.proposer = make_proposer(cfg.speculative_config, self)
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,
             cfg.enable_chunked_prefill,
+            self.proposer.num_speculative_tokens if self.proposer else 0,
         )
         self.requests: dict[str, Request] = {}
         self._ids, self._seq_ids = itertools.count(), itertools.count()
@@ -399,18 +410,25 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        if self.proposer is not None:  # chapter 12: draft tokens for the decodes to verify
+            self.scheduler.set_drafts(out, self.proposer.propose(out))
         sampled, errors = self._execute_isolating_failures(out)
         outputs = [self._fail(req, e) for req, e in errors.items()]
-        if errors:
-            keep = [i for i, r in enumerate(out.requests) if r not in errors]
-            out = SchedulerOutput(
-                [out.requests[i] for i in keep], [out.num_tokens[i] for i in keep], out.preempted
-            )
-            sampled = [sampled[i] for i in keep]
-        self.scheduler.update(out, sampled)
-        for req, token in zip(out.requests, sampled):
-            if token is not None:
-                outputs.append(self._emit(req, token))
+        going_on = []  # (request, scheduled tokens, new tokens up to a stop, their text)
+        for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
+            if req in errors:
+                continue
+            try:
+                kept, delta = self._detokenize(req, tokens)
+            except Exception as e:
+                outputs.append(self._fail(req, e))
+                continue
+            going_on.append((req, n, kept, delta))
+        reqs, ns, kept, deltas = map(list, zip(*going_on)) if going_on else ([], [], [], [])
+        self.scheduler.update(SchedulerOutput(reqs, ns, out.preempted), kept)
+        for req, tokens, delta in zip(reqs, kept, deltas):
+            if tokens:
+                outputs.append(self._emit(req, tokens, delta))
         return outputs
 
     def _execute_isolating_failures(self, out: SchedulerOutput) -> tuple[list, dict]:
@@ -422,7 +440,7 @@ class LLMEngine:
             raise
         except Exception as e:
             if len(out.requests) == 1:
-                return [None], {out.requests[0]: e}
+                return [[]], {out.requests[0]: e}
             logger.warning(
                 "a batch of %d requests failed (%s: %s); running them one by one",
                 len(out.requests),
@@ -436,20 +454,28 @@ class LLMEngine:
             except EngineDeadError:
                 raise
             except Exception as e:
-                sampled.append(None)
+                sampled.append([])
                 errors[req] = e
         return sampled, errors
 
-    def _emit(self, req: Request, token: int) -> RequestOutput:
-        "Detokenize one sampled token, check the stop conditions, finish the request if it is done."
-        try:
-            delta = req.stream.append(token, last=req.num_output_tokens >= req.max_tokens)
-        except Exception as e:
-            return self._fail(req, e)
+    def _detokenize(self, req: Request, tokens: list[int]) -> tuple[list[int], str]:
+        """Detokenize the new tokens and check the stop conditions after each; keep the tokens up to
+        the first stop (or the length limit) and return them with their text."""
+        kept, delta = [], ""
+        for token in tokens:
+            kept.append(token)
+            last = req.num_output_tokens + len(kept) >= req.max_tokens
+            delta += req.stream.append(token, last=last)
+            if req.stream.finished:
+                break
+        return kept, delta
+
+    def _emit(self, req: Request, tokens: list[int], delta: str) -> RequestOutput:
+        "The request's output of this step, its new tokens added; finish it if it is done."
         if req.stream.finished:
             self.scheduler.finish(req, req.stream.finish_reason)
             self.requests.pop(req.request_id, None)
-        return request_output(req, delta, [token])
+        return request_output(req, delta, tokens)
 
     def _fail(self, req: Request, error: Exception) -> RequestOutput:
         "End one request with an error (logged with its traceback); no other request is touched."

@@ -237,9 +237,10 @@ class ModelRunner:
             )
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[int | None]:
-        """Run one iteration; return the sampled token of each scheduled request (None for an
-        unfinished prompt chunk)."""
+    def execute(self, out: SchedulerOutput) -> list[list[int]]:
+        """Run one iteration; return the new tokens of each scheduled request: one when it samples,
+        none for an unfinished prompt chunk (with draft tokens, chapter 12: the accepted drafts and
+        one more)."""
         with record_function("minillm::prepare_inputs"):
             rows = [i for i, s in enumerate(out.samples) if s]
             batch = build_flat_batch(
@@ -250,26 +251,31 @@ class ModelRunner:
                 logits = self.graphs.run(batch)
             else:
                 logits = self.forward(batch)
-        result = [None] * len(out.requests)
-        if rows:
-            with record_function("minillm::sample"):
+        result = [[] for _ in out.requests]
+        if not rows:
+            return result
+        with record_function("minillm::sample"):
+            if any(r.spec_token_ids for r in out.requests):
+                from minillm.spec_decode.rejection_sampler import verify_drafts  # chapter 12
+
+                tokens = verify_drafts(logits, out.requests, rows, self.generator)
+            else:
                 reqs = [out.requests[i] for i in rows]
                 st = SamplingTensors.from_params(
                     [r.params for r in reqs], self.model.config.vocab_size, self.device
                 )
-                tokens = sample(
-                    logits[rows], st, [r.generator for r in reqs], self.generator
-                ).tolist()
-            for i, t in zip(rows, tokens):
-                result[i] = t
+                drawn = sample(logits[rows], st, [r.generator for r in reqs], self.generator)
+                tokens = [[t] for t in drawn.tolist()]
+        for i, t in zip(rows, tokens):
+            result[i] = t
         return result
 
     def shutdown(self):
         "Nothing to stop here; chapter 11's tensor-parallel runner stops its worker processes."
 
     def forward(self, batch: FlatBatch) -> torch.Tensor:
-        """One eager forward pass over a flat batch: the logits [S, V] at each sequence's last new
-        token."""
+        """One eager forward pass over a flat batch: the logits at `batch.logits_indices` (each
+        sequence's last new token, and its draft tokens' predecessors)."""
         hidden = self.model(
             batch.input_ids,
             batch.positions,

@@ -45,6 +45,8 @@ class Request(Sequence):
     token_times: list[float] = field(default_factory=list)  # when each output token was produced
     finish_time: float | None = None
     num_preemptions: int = 0
+    num_draft_tokens: int = 0  # draft tokens proposed for it (chapter 12)
+    num_accepted_tokens: int = 0  # of those, how many the model confirmed
 
     def __post_init__(self):
         self.prompt_len = self.prompt_len or len(self.token_ids)

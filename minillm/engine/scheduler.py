@@ -31,9 +31,9 @@ class SchedulerOutput:
 
     @property
     def samples(self) -> list[bool]:
-        "Does each request produce a token this iteration?"
+        "Does each request produce a token this iteration (it reaches its last known token)?"
         return [
-            r.num_computed_tokens + n == len(r.token_ids)
+            r.num_computed_tokens + n >= len(r.token_ids)
             for r, n in zip(self.requests, self.num_tokens)
         ]
 
@@ -53,9 +53,12 @@ class Scheduler:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 512,
         enable_chunked_prefill: bool = True,
+        num_speculative_tokens: int = 0,
     ):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.num_speculative_tokens = num_speculative_tokens  # draft slots per decode (chapter 12)
+        self.num_draft_tokens = self.num_accepted_tokens = 0  # and how they fared, in all
         self.bm, self.max_num_seqs, self.max_num_batched_tokens = (
             block_manager,
             max_num_seqs,
@@ -106,7 +109,7 @@ class Scheduler:
         for req in sorted(
             self.running, key=lambda r: r.num_pending_tokens > 1
         ):  # decodes first (stable)
-            n = min(req.num_pending_tokens, budget)
+            n = min(req.num_pending_tokens + self._lookahead(req), budget)
             if req in preempted or n == 0:
                 continue
             while not self.bm.can_allocate(req, n):
@@ -155,8 +158,25 @@ class Scheduler:
             out.num_tokens.append(n)
             budget -= n
 
+    def _lookahead(self, req: Request) -> int:
+        "Slots for draft tokens after a decode's token (chapter 12): k, never past max_tokens."
+        if req.num_pending_tokens != 1:
+            return 0
+        left = req.max_tokens - req.num_output_tokens - 1
+        return max(0, min(self.num_speculative_tokens, left))
+
+    def set_drafts(self, out: SchedulerOutput, drafts: list[list[int]]):
+        """Give each scheduled request its draft tokens (chapter 12), as many as its lookahead
+        holds; the unused lookahead leaves the plan."""
+        for i, (req, tokens) in enumerate(zip(out.requests, drafts)):
+            room = req.num_computed_tokens + out.num_tokens[i] - len(req.token_ids)
+            if room > 0:
+                req.spec_token_ids = list(tokens[:room])
+                out.num_tokens[i] -= room - len(req.spec_token_ids)
+
     def _preempt(self, req: Request):
         self.bm.free(req)
+        req.spec_token_ids = []
         req.num_computed_tokens = 0  # everything is recomputed when it comes back
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
@@ -173,18 +193,26 @@ class Scheduler:
             self.waiting.remove(req)
         self.bm.free(req)
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.status, req.finish_reason, req.finish_time = (
             RequestStatus.FINISHED,
             reason,
             time.perf_counter(),
         )
 
-    def update(self, out: SchedulerOutput, sampled: list[int | None]):
-        "After the forward pass: advance computed tokens, cache full blocks, append sampled tokens."
+    def update(self, out: SchedulerOutput, sampled: list[list[int]]):
+        """After the forward pass: append each request's new tokens (none for a prompt chunk, else
+        one; with drafts, chapter 12, the accepted drafts and one more), advance its computed tokens
+        past what was verified, cache its full blocks."""
         now = time.perf_counter()
-        for req, n, token in zip(out.requests, out.num_tokens, sampled):
-            req.num_computed_tokens += n
+        for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
+            drafts, accepted = len(req.spec_token_ids), max(0, len(tokens) - 1)
+            req.num_computed_tokens += n - drafts + accepted  # rejected drafts' K/V do not count
+            req.num_draft_tokens += drafts
+            req.num_accepted_tokens += accepted
+            self.num_draft_tokens += drafts
+            self.num_accepted_tokens += accepted
+            req.spec_token_ids = []
+            req.token_ids += tokens
+            req.token_times += [now] * len(tokens)
             self.bm.cache_blocks(req)
-            if token is not None:
-                req.token_ids.append(token)
-                req.token_times.append(now)

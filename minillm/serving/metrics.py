@@ -75,6 +75,13 @@ class ServerMetrics:
         self.sinks = Gauge(
             "minillm_requests_awaited", "Engine requests whose outputs are awaited", registry=r
         )
+        self.draft_tokens = Counter(
+            "minillm_spec_decode_num_draft_tokens", "Draft tokens proposed (chapter 12)", registry=r
+        )
+        self.accepted_tokens = Counter(
+            "minillm_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r
+        )
+        self._spec_counted = (0, 0)  # the scheduler's totals when last counted
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]):
         "Called by the engine thread after every step (and after applying commands)."
@@ -85,16 +92,22 @@ class ServerMetrics:
         self.free_blocks.set(bm.num_free_blocks)
         self.total_blocks.set(bm.num_blocks)
         self.hit_rate.set(bm.hit_rate)
+        drafts, accepted = sched.num_draft_tokens, sched.num_accepted_tokens
+        self.draft_tokens.inc(drafts - self._spec_counted[0])
+        self.accepted_tokens.inc(accepted - self._spec_counted[1])
+        self._spec_counted = (drafts, accepted)
         if outputs:
             self.batch.observe(len(outputs))
         for o in outputs:
-            self.generation_tokens.inc(len(o.delta_token_ids))
+            new = len(o.delta_token_ids)
+            self.generation_tokens.inc(new)
             times = o.token_times
-            if len(times) == 1:
-                self.ttft.observe(times[0] - o.arrival_time)
-                self.prompt_tokens.inc(o.num_prompt_tokens)
-            elif len(times) > 1:
-                self.itl.observe(times[-1] - times[-2])
+            for i in range(len(times) - new, len(times)):  # several with speculative decoding
+                if i == 0:
+                    self.ttft.observe(times[0] - o.arrival_time)
+                    self.prompt_tokens.inc(o.num_prompt_tokens)
+                else:
+                    self.itl.observe(times[i] - times[i - 1])
             if o.finished:
                 self.finished.labels(o.finish_reason).inc()
 
