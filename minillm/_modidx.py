@@ -52,6 +52,10 @@ d = {
                 "offline_bench.html#random_workload",
                 "minillm/bench/offline.py",
             ),
+            "minillm.bench.offline.roofline_note": (
+                "offline_bench.html#roofline_note",
+                "minillm/bench/offline.py",
+            ),
             "minillm.bench.offline.run_hf_continuous": (
                 "offline_bench.html#run_hf_continuous",
                 "minillm/bench/offline.py",

@@ -141,18 +141,24 @@ workloads = st.lists(
 )
 @settings(max_examples=200, deadline=None)
 def test_random_workloads(work, extra_blocks, budget, max_seqs, caching):
+    check_workload(work, extra_blocks, budget, max_seqs, caching)
+
+
+def check_workload(work, extra_blocks, budget, max_seqs, caching, k=0, propose=None) -> Scheduler:
+    "Run a random workload; every request must end with the reference tokens, no block leaked."
     prompts = [[t for p in pieces for t in PIECES[p]] + tail or [7] for pieces, tail, _, _ in work]
     lengths = [len(p) + m for p, (_, _, m, _) in zip(prompts, work)]
     bm = BlockManager(
         max(cdiv(n, BS) for n in lengths) + extra_blocks, BS, enable_prefix_caching=caching
     )
-    sched = Scheduler(bm, max_num_seqs=max_seqs, max_num_batched_tokens=budget)
+    sched = Scheduler(bm, max_seqs, budget, num_speculative_tokens=k)
     requests = [make(i, p, m) for i, (p, (_, _, m, _)) in enumerate(zip(prompts, work))]
-    run(sched, requests, [a for *_, a in work])
+    run(sched, requests, [a for *_, a in work], propose=propose)
     assert all(r.status == RequestStatus.FINISHED and r.finish_reason == "length" for r in requests)
     assert bm.num_free_blocks == bm.num_blocks  # no block leaks
     for r, p in zip(requests, prompts):  # same tokens as alone, with room to spare
-        assert r.output_ids == reference(p, r.max_tokens)
+        assert r.output_ids == reference(p, r.max_tokens) and not r.spec_token_ids
+    return sched
 
 
 @given(
@@ -167,17 +173,9 @@ def test_random_workloads(work, extra_blocks, budget, max_seqs, caching):
 @settings(max_examples=150, deadline=None)
 def test_random_workloads_with_draft_tokens(work, extra_blocks, budget, max_seqs, caching, k, seed):
     "Speculative decoding (chapter 12): rejected drafts roll back exactly, whatever the schedule."
-    prompts = [[t for p in pieces for t in PIECES[p]] + tail or [7] for pieces, tail, _, _ in work]
-    lengths = [len(p) + m for p, (_, _, m, _) in zip(prompts, work)]
-    bm = BlockManager(
-        max(cdiv(n, BS) for n in lengths) + extra_blocks, BS, enable_prefix_caching=caching
+    sched = check_workload(
+        work, extra_blocks, budget, max_seqs, caching, k, guessing_proposer(seed)
     )
-    sched = Scheduler(bm, max_seqs, budget, num_speculative_tokens=k)
-    requests = [make(i, p, m) for i, (p, (_, _, m, _)) in enumerate(zip(prompts, work))]
-    run(sched, requests, [a for *_, a in work], propose=guessing_proposer(seed))
-    assert bm.num_free_blocks == bm.num_blocks
-    for r, p in zip(requests, prompts):
-        assert r.output_ids == reference(p, r.max_tokens) and not r.spec_token_ids
     assert 0 <= sched.num_accepted_tokens <= sched.num_draft_tokens
 
 

@@ -157,3 +157,19 @@ def test_abort_and_metrics(random_llama):
     text = metrics.render().decode()
     drafts = engine.scheduler.num_draft_tokens
     assert drafts > 0 and f"minillm_spec_decode_num_draft_tokens_total {float(drafts)}" in text
+
+
+def test_a_draft_identical_to_the_target_is_always_accepted(random_llama, tmp_path):
+    "The draft model's cache, positions and catch-up are right: the target as its own draft."
+    path, _ = random_llama
+    itself = truncated_model_dir(path, tmp_path / "itself", 2)  # all of its layers
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        speculative_config={"model": str(itself), "num_speculative_tokens": 3},
+        max_num_batched_tokens=24,
+    )
+    outs = llm.generate(prompts(4), GREEDY, use_tqdm=False)
+    drafts = sum(o.num_draft_tokens for o in outs)
+    accepted = sum(o.num_accepted_tokens for o in outs)
+    assert drafts > 0 and accepted >= 0.9 * drafts  # only a near-tie could reject one

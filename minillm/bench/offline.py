@@ -14,6 +14,7 @@ __all__ = [
     "run_hf_static",
     "run_hf_continuous",
     "offline_benchmark",
+    "roofline_note",
     "print_benchmark",
 ]
 
@@ -213,13 +214,23 @@ def offline_benchmark(
     return result
 
 
+def roofline_note(fraction: float) -> str:
+    "The share of the compute roofline, unless the measured peak is no ceiling (emulated dtypes)."
+    if fraction <= 1:
+        return f", {fraction:.0%} of the compute roofline"
+    return (
+        f", {fraction:.0f}x the peak measured on a square matmul: in this dtype this CPU has no "
+        "peak worth the name (it emulates it), so there is no roofline to compare with"
+    )
+
+
 def print_benchmark(r: dict):
     w = r["workload"]
     print(
         f"{w['num_requests']} requests, prompts {w['prompt_len']}, outputs {w['output_len']}: "
         f"{w['prompt_tokens']} prompt + {w['output_tokens']} output tokens, "
         f"{r['workload_gflop']:.0f} GFLOP; "
-        f"{r['dtype']}, peak matmul {r['peak_gflops']:.0f} GFLOP/s, minillm's attention: "
+        f"{r['dtype']}, peak matmul {r['peak_gflops']:.1f} GFLOP/s, minillm's attention: "
         f"{r['attention_backend']}"
     )
     base = r["minillm"]["tokens_per_s"]
@@ -227,7 +238,7 @@ def print_benchmark(r: dict):
         if name in r:
             x = r[name]
             extra = (
-                f", {x['roofline_fraction']:.0%} of the compute roofline"
+                roofline_note(x["roofline_fraction"])
                 if name == "minillm"
                 else f" (minillm is {base / x['tokens_per_s']:.2f}x; same greedy tokens for "
                 f"{x['same_tokens']:.0%} of requests)"
