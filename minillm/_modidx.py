@@ -1137,6 +1137,10 @@ d = {
                 "tensor_parallel.html#to_device",
                 "minillm/parallel/executor.py",
             ),
+            "minillm.parallel.executor.within": (
+                "tensor_parallel.html#within",
+                "minillm/parallel/executor.py",
+            ),
             "minillm.parallel.executor.worker_errors": (
                 "tensor_parallel.html#worker_errors",
                 "minillm/parallel/executor.py",

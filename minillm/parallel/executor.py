@@ -10,6 +10,7 @@ __all__ = [
     "rank_device",
     "share_cpu_threads",
     "worker_errors",
+    "within",
     "TensorParallel",
     "TPModelRunner",
     "run_worker",
@@ -88,6 +89,23 @@ def worker_errors(workers) -> str:
     return "; ".join(notes)
 
 
+def within(seconds: float, fn) -> bool:
+    "Run `fn` in a daemon thread; True if it returned (without raising) within `seconds`."
+    done, ok = threading.Event(), []
+
+    def target():
+        try:
+            fn()
+            ok.append(True)
+        except Exception:
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=target, daemon=True).start()
+    return done.wait(seconds) and bool(ok)
+
+
 class TensorParallel(TPGroup):
     """A tensor-parallel group as the engine uses it: the counted collectives of `TPGroup`, the
     step message from rank 0 to the workers (a CPU gloo group), and rank 0's worker processes."""
@@ -137,24 +155,18 @@ class TensorParallel(TPGroup):
 
     def shutdown(self):
         """Stop the workers (asked to, then killed after 10 s) and leave the group; safe to call
-        twice."""
+        twice. No step may block for long: a stuck peer must not keep this process alive."""
         if self.closed:
             return
         self.closed = True
         if self.rank == 0 and not self.broken:
-            try:
-                self.send(None)
-            except Exception:
-                self.broken = True
+            self.broken = not within(10, lambda: self.send(None))
         for p, _ in self.workers:
             p.join(timeout=0 if self.broken else 10)
             if p.is_alive():
                 p.kill()
                 p.join()
-        try:
-            dist.destroy_process_group()
-        except Exception:  # a broken group may refuse; the process is leaving it anyway
-            pass
+        within(10, dist.destroy_process_group)  # a broken group may refuse or hang; we leave
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #ab2931c8
