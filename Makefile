@@ -35,14 +35,13 @@ bench-online: $(STAMP)  ## online load test (Poisson rates) against the server t
 	mkdir -p bench-results
 	$(BIN)/minillm bench online --base-url http://$(HOST):$(PORT)/v1 --ignore-eos --output bench-results/online.json --plot bench-results/online.png
 
-export: $(STAMP)  ## notebooks -> minillm/*.py (nbdev, then ruff's formatter) and README.md
+export: $(STAMP)  ## notebooks -> minillm/*.py (nbdev-export, which also formats them: minillm/_nbdev.py) and README.md
 	$(BIN)/nbdev-export
-	$(BIN)/ruff format -q minillm
-	$(BIN)/ruff check -q --fix minillm
 	$(BIN)/python scripts/readme.py
 
-clean: $(STAMP)  ## strip notebook metadata nbdev does not keep
+clean: $(STAMP)  ## strip notebook metadata nbdev does not keep; remove build leftovers (a stale build/ leaks old modules into `pip install .`)
 	$(BIN)/nbdev-clean
+	rm -rf build dist *.egg-info
 
 readme: $(STAMP)
 	$(BIN)/python scripts/readme.py

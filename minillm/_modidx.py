@@ -1304,296 +1304,290 @@ d = {
                 "minillm/sampling.py",
             ),
         },
-        "minillm.serving.api_server": {
-            "minillm.serving.api_server.Admission": (
+        "minillm.server.api_server": {
+            "minillm.server.api_server.Admission": (
                 "serving.html#admission",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Admission.__init__": (
+            "minillm.server.api_server.Admission.__init__": (
                 "serving.html#admission.__init__",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Admission._build": (
+            "minillm.server.api_server.Admission._build": (
                 "serving.html#admission._build",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Admission.check_queue": (
+            "minillm.server.api_server.Admission.check_queue": (
                 "serving.html#admission.check_queue",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Admission.observe_ttft": (
+            "minillm.server.api_server.Admission.observe_ttft": (
                 "serving.html#admission.observe_ttft",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Admission.requests": (
+            "minillm.server.api_server.Admission.requests": (
                 "serving.html#admission.requests",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.BodyLimit": (
+            "minillm.server.api_server.BodyLimit": (
                 "serving.html#bodylimit",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.BodyLimit.__call__": (
+            "minillm.server.api_server.BodyLimit.__call__": (
                 "serving.html#bodylimit.__call__",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.BodyLimit.__init__": (
+            "minillm.server.api_server.BodyLimit.__init__": (
                 "serving.html#bodylimit.__init__",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.BodyLimit._refuse": (
+            "minillm.server.api_server.BodyLimit._refuse": (
                 "serving.html#bodylimit._refuse",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder": (
+            "minillm.server.api_server.Responder": (
                 "serving.html#responder",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder.__init__": (
+            "minillm.server.api_server.Responder.__init__": (
                 "serving.html#responder.__init__",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder._chunk": (
+            "minillm.server.api_server.Responder._chunk": (
                 "serving.html#responder._chunk",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder._chunk_obj": (
+            "minillm.server.api_server.Responder._chunk_obj": (
                 "serving.html#responder._chunk_obj",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder._collect": (
+            "minillm.server.api_server.Responder._collect": (
                 "serving.html#responder._collect",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder._delta": (
+            "minillm.server.api_server.Responder._delta": (
                 "serving.html#responder._delta",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder._events": (
+            "minillm.server.api_server.Responder._events": (
                 "serving.html#responder._events",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder._observe": (
+            "minillm.server.api_server.Responder._observe": (
                 "serving.html#responder._observe",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.Responder.respond": (
+            "minillm.server.api_server.Responder.respond": (
                 "serving.html#responder.respond",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server._add_error_handlers": (
+            "minillm.server.api_server._add_error_handlers": (
                 "serving.html#_add_error_handlers",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server._error_of": (
+            "minillm.server.api_server._error_of": (
                 "serving.html#_error_of",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server._sse": (
-                "serving.html#_sse",
-                "minillm/serving/api_server.py",
-            ),
-            "minillm.serving.api_server._until_disconnected": (
+            "minillm.server.api_server._sse": ("serving.html#_sse", "minillm/server/api_server.py"),
+            "minillm.server.api_server._until_disconnected": (
                 "serving.html#_until_disconnected",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server._usage": (
+            "minillm.server.api_server._usage": (
                 "serving.html#_usage",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.build_app": (
+            "minillm.server.api_server.build_app": (
                 "serving.html#build_app",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.error_response": (
+            "minillm.server.api_server.error_response": (
                 "serving.html#error_response",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
-            "minillm.serving.api_server.serve": (
+            "minillm.server.api_server.serve": (
                 "serving.html#serve",
-                "minillm/serving/api_server.py",
+                "minillm/server/api_server.py",
             ),
         },
-        "minillm.serving.async_engine": {
-            "minillm.serving.async_engine.AsyncEngine": (
+        "minillm.server.async_engine": {
+            "minillm.server.async_engine.AsyncEngine": (
                 "serving.html#asyncengine",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine.__init__": (
+            "minillm.server.async_engine.AsyncEngine.__init__": (
                 "serving.html#asyncengine.__init__",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine._apply": (
+            "minillm.server.async_engine.AsyncEngine._apply": (
                 "serving.html#asyncengine._apply",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine._apply_commands": (
+            "minillm.server.async_engine.AsyncEngine._apply_commands": (
                 "serving.html#asyncengine._apply_commands",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine._check_alive": (
+            "minillm.server.async_engine.AsyncEngine._check_alive": (
                 "serving.html#asyncengine._check_alive",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine._deliver": (
+            "minillm.server.async_engine.AsyncEngine._deliver": (
                 "serving.html#asyncengine._deliver",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine._fail_all": (
+            "minillm.server.async_engine.AsyncEngine._fail_all": (
                 "serving.html#asyncengine._fail_all",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine._next": (
+            "minillm.server.async_engine.AsyncEngine._next": (
                 "serving.html#asyncengine._next",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine._run": (
+            "minillm.server.async_engine.AsyncEngine._run": (
                 "serving.html#asyncengine._run",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine.alive": (
+            "minillm.server.async_engine.AsyncEngine.alive": (
                 "serving.html#asyncengine.alive",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine.num_sinks": (
+            "minillm.server.async_engine.AsyncEngine.num_sinks": (
                 "serving.html#asyncengine.num_sinks",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine.shutdown": (
+            "minillm.server.async_engine.AsyncEngine.shutdown": (
                 "serving.html#asyncengine.shutdown",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.AsyncEngine.submit": (
+            "minillm.server.async_engine.AsyncEngine.submit": (
                 "serving.html#asyncengine.submit",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.RequestFailed": (
+            "minillm.server.async_engine.RequestFailed": (
                 "serving.html#requestfailed",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.Sink": (
+            "minillm.server.async_engine.Sink": (
                 "serving.html#sink",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.Sink.put": (
+            "minillm.server.async_engine.Sink.put": (
                 "serving.html#sink.put",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.Submission": (
+            "minillm.server.async_engine.Submission": (
                 "serving.html#submission",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.Submission.__init__": (
+            "minillm.server.async_engine.Submission.__init__": (
                 "serving.html#submission.__init__",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.Submission._started": (
+            "minillm.server.async_engine.Submission._started": (
                 "serving.html#submission._started",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.Submission.abort": (
+            "minillm.server.async_engine.Submission.abort": (
                 "serving.html#submission.abort",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
-            "minillm.serving.async_engine.Submission.outputs": (
+            "minillm.server.async_engine.Submission.outputs": (
                 "serving.html#submission.outputs",
-                "minillm/serving/async_engine.py",
+                "minillm/server/async_engine.py",
             ),
         },
-        "minillm.serving.metrics": {
-            "minillm.serving.metrics.ServerMetrics": (
+        "minillm.server.metrics": {
+            "minillm.server.metrics.ServerMetrics": (
                 "serving.html#servermetrics",
-                "minillm/serving/metrics.py",
+                "minillm/server/metrics.py",
             ),
-            "minillm.serving.metrics.ServerMetrics.__init__": (
+            "minillm.server.metrics.ServerMetrics.__init__": (
                 "serving.html#servermetrics.__init__",
-                "minillm/serving/metrics.py",
+                "minillm/server/metrics.py",
             ),
-            "minillm.serving.metrics.ServerMetrics.on_step": (
+            "minillm.server.metrics.ServerMetrics.on_step": (
                 "serving.html#servermetrics.on_step",
-                "minillm/serving/metrics.py",
+                "minillm/server/metrics.py",
             ),
-            "minillm.serving.metrics.ServerMetrics.render": (
+            "minillm.server.metrics.ServerMetrics.render": (
                 "serving.html#servermetrics.render",
-                "minillm/serving/metrics.py",
+                "minillm/server/metrics.py",
             ),
         },
-        "minillm.serving.protocol": {
-            "minillm.serving.protocol.APIError": (
+        "minillm.server.protocol": {
+            "minillm.server.protocol.APIError": (
                 "serving.html#apierror",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.APIError.__init__": (
+            "minillm.server.protocol.APIError.__init__": (
                 "serving.html#apierror.__init__",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.APIError.body": (
+            "minillm.server.protocol.APIError.body": (
                 "serving.html#apierror.body",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.ChatCompletionRequest": (
+            "minillm.server.protocol.ChatCompletionRequest": (
                 "serving.html#chatcompletionrequest",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.ChatMessage": (
+            "minillm.server.protocol.ChatMessage": (
                 "serving.html#chatmessage",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.ChatMessage.as_dict": (
+            "minillm.server.protocol.ChatMessage.as_dict": (
                 "serving.html#chatmessage.as_dict",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.ChatMessage.text": (
+            "minillm.server.protocol.ChatMessage.text": (
                 "serving.html#chatmessage.text",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.CompletionRequest": (
+            "minillm.server.protocol.CompletionRequest": (
                 "serving.html#completionrequest",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.CompletionRequest.prompts": (
+            "minillm.server.protocol.CompletionRequest.prompts": (
                 "serving.html#completionrequest.prompts",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.SamplingFields": (
+            "minillm.server.protocol.SamplingFields": (
                 "serving.html#samplingfields",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.SamplingFields.sampling_params": (
+            "minillm.server.protocol.SamplingFields.sampling_params": (
                 "serving.html#samplingfields.sampling_params",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.ServerLimits": (
+            "minillm.server.protocol.ServerLimits": (
                 "serving.html#serverlimits",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.StreamOptions": (
+            "minillm.server.protocol.StreamOptions": (
                 "serving.html#streamoptions",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol._checked_text": (
+            "minillm.server.protocol._checked_text": (
                 "serving.html#_checked_text",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol._default": (
+            "minillm.server.protocol._default": (
                 "serving.html#_default",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol._limit": (
-                "serving.html#_limit",
-                "minillm/serving/protocol.py",
-            ),
-            "minillm.serving.protocol._unused": (
+            "minillm.server.protocol._limit": ("serving.html#_limit", "minillm/server/protocol.py"),
+            "minillm.server.protocol._unused": (
                 "serving.html#_unused",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.check_extra_fields": (
+            "minillm.server.protocol.check_extra_fields": (
                 "serving.html#check_extra_fields",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
-            "minillm.serving.protocol.validation_message": (
+            "minillm.server.protocol.validation_message": (
                 "serving.html#validation_message",
-                "minillm/serving/protocol.py",
+                "minillm/server/protocol.py",
             ),
         },
         "minillm.spec_decode.proposers": {

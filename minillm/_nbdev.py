@@ -1,14 +1,39 @@
-"""An nbdev export processor that lets one notebook export cells to several modules.
+"""nbdev export processing for this project: one notebook may export to several modules, and the
+package is written in the project's format.
 
 Written by hand, not exported, and imported only by `nbdev-export` (pyproject.toml sets
-`export_procs`). nbdev writes a notebook's `default_exp` module afresh but *appends* the cells of
-`#| export other.module` to a file that must already exist. Each module here gets its cells from
-exactly one notebook, so before that notebook is exported this processor rewrites each of its other
-modules as an empty stub (docstring, header, `__all__ = []`): the append then yields exactly one
-copy of every cell, however often `nbdev-export` runs.
+`export_procs`).
+
+- nbdev writes a notebook's `default_exp` module afresh but *appends* the cells of
+  `#| export other.module` to a file that must already exist. Each module here gets its cells from
+  exactly one notebook, so before that notebook is exported this processor rewrites each of its
+  other modules as an empty stub (docstring, header, `__all__ = []`): the append then yields
+  exactly one copy of every cell, however often `nbdev-export` runs.
+- nbdev writes `__all__` on 120-column lines and leaves imports as the cells had them. When
+  `nbdev-export` is done, ruff formats the package and sorts its imports (the settings in
+  pyproject.toml), so that what `nbdev-export` leaves is exactly what is committed.
 """
 
+import atexit
+import subprocess
+import sys
+import warnings
 from pathlib import Path
+
+_formatting = []  # the package directory, once the formatting at exit is registered
+
+
+def format_package(lib: Path):
+    "ruff format and ruff's safe fixes (import order) over the package, at the end of nbdev-export."
+    for args in (["format", "-q"], ["check", "-q", "--fix", "--exit-zero"]):
+        try:
+            subprocess.run([sys.executable, "-m", "ruff", *args, str(lib)], check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            warnings.warn(
+                f"ruff could not format {lib} ({e}); install the dev extras", stacklevel=1
+            )
+            return
+
 
 _EXPORTS = ("export", "exporti", "exports")
 
@@ -23,6 +48,9 @@ class FreshModules:
         from nbdev.config import get_config
 
         lib = get_config().lib_path
+        if not _formatting:
+            _formatting.append(lib)
+            atexit.register(format_package, lib)
         nb_name = Path(self.nb.path_).name
         title = next((c.source for c in self.nb.cells if c.cell_type == "markdown"), "")
         summary = next((ln[2:].strip() for ln in title.splitlines() if ln.startswith("> ")), "")

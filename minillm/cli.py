@@ -167,8 +167,8 @@ def cmd_chat(args):
 
 
 def cmd_serve(args):
-    from minillm.serving.api_server import serve
-    from minillm.serving.protocol import ServerLimits
+    from minillm.server.api_server import serve
+    from minillm.server.protocol import ServerLimits
 
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes,
@@ -234,7 +234,7 @@ def cmd_bench_online(args):
 # %% ../nbs/09b_cli.ipynb #faf38d24
 def add_limit_flags(p: argparse.ArgumentParser):
     "The server's limits (chapter 9's ServerLimits), with its defaults."
-    from minillm.serving.protocol import ServerLimits
+    from minillm.server.protocol import ServerLimits
 
     d = ServerLimits()
     p.add_argument(

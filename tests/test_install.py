@@ -89,7 +89,7 @@ import torch
 rng_before = torch.random.get_rng_state().clone()
 
 from minillm import LLM, SamplingParams
-import minillm.serving.api_server, minillm.cli
+import minillm.server.api_server, minillm.cli
 from minillm.cli import main
 try:
     main(["serve", "--help"])

@@ -411,9 +411,9 @@ def app_client(app):
 
 def test_overload_answers_503_with_retry_after(random_llama):
     from minillm.engine.llm_engine import EngineConfig
-    from minillm.serving.api_server import build_app
-    from minillm.serving.async_engine import AsyncEngine
-    from minillm.serving.protocol import ServerLimits
+    from minillm.server.api_server import build_app
+    from minillm.server.async_engine import AsyncEngine
+    from minillm.server.protocol import ServerLimits
 
     path, _ = random_llama
 
@@ -444,8 +444,8 @@ def test_overload_answers_503_with_retry_after(random_llama):
 
 def test_a_dead_engine_fails_everyone_at_once(random_llama):
     from minillm.engine.llm_engine import EngineConfig
-    from minillm.serving.api_server import build_app
-    from minillm.serving.async_engine import AsyncEngine, EngineDeadError
+    from minillm.server.api_server import build_app
+    from minillm.server.async_engine import AsyncEngine, EngineDeadError
 
     path, _ = random_llama
 

@@ -11,7 +11,7 @@ from helpers import assert_equal_except_near_ties
 
 from minillm.llm import LLM
 from minillm.sampling import SamplingParams
-from minillm.serving.metrics import ServerMetrics
+from minillm.server.metrics import ServerMetrics
 from minillm.spec_decode.proposers import ngram_draft, truncated_model_dir
 from minillm.spec_decode.rejection_sampler import greedy_accept, rejection_sample
 

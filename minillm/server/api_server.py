@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minillm.serving.protocol import (
+from minillm.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
