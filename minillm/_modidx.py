@@ -564,6 +564,10 @@ d = {
                 "engine.html#llmengine._fail",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.LLMEngine._keep": (
+                "engine.html#llmengine._keep",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.LLMEngine._prompt_ids": (
                 "engine.html#llmengine._prompt_ids",
                 "minillm/engine/llm_engine.py",
@@ -641,6 +645,52 @@ d = {
                 "minillm/engine/llm_engine.py",
             ),
         },
+        "minillm.engine.logits_processor": {
+            "minillm.engine.logits_processor.TokenLogprobs": (
+                "openai_api.html#tokenlogprobs",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.apply_penalties": (
+                "openai_api.html#apply_penalties",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.bad_words_ids": (
+                "openai_api.html#bad_words_ids",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.banned_tokens": (
+                "openai_api.html#banned_tokens",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.prepare_request": (
+                "openai_api.html#prepare_request",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.process_logits": (
+                "openai_api.html#process_logits",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.record_logprobs": (
+                "openai_api.html#record_logprobs",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.record_prompt_logprobs": (
+                "openai_api.html#record_prompt_logprobs",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.sample_processed": (
+                "openai_api.html#sample_processed",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.token_counts": (
+                "openai_api.html#token_counts",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.token_logprobs": (
+                "openai_api.html#token_logprobs",
+                "minillm/engine/logits_processor.py",
+            ),
+        },
         "minillm.engine.model_runner": {
             "minillm.engine.model_runner.ModelRunner": (
                 "model_runner.html#modelrunner",
@@ -706,6 +756,10 @@ d = {
             ),
             "minillm.engine.request.Request.finished": (
                 "scheduler.html#request.finished",
+                "minillm/engine/request.py",
+            ),
+            "minillm.engine.request.Request.needs_prompt_logits": (
+                "scheduler.html#request.needs_prompt_logits",
                 "minillm/engine/request.py",
             ),
             "minillm.engine.request.Request.num_output_tokens": (
@@ -793,6 +847,64 @@ d = {
             "minillm.engine.scheduler.SchedulerOutput.total_tokens": (
                 "scheduler.html#scheduleroutput.total_tokens",
                 "minillm/engine/scheduler.py",
+            ),
+        },
+        "minillm.engine.structured_output": {
+            "minillm.engine.structured_output.Grammar": (
+                "openai_api.html#grammar",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.Grammar.__init__": (
+                "openai_api.html#grammar.__init__",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.Grammar.accept": (
+                "openai_api.html#grammar.accept",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.Grammar.fill_bitmask": (
+                "openai_api.html#grammar.fill_bitmask",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.GuidedDecodingParams": (
+                "openai_api.html#guideddecodingparams",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.GuidedDecodingParams.__post_init__": (
+                "openai_api.html#guideddecodingparams.__post_init__",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.GuidedDecodingParams.kind": (
+                "openai_api.html#guideddecodingparams.kind",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.StructuredOutputManager": (
+                "openai_api.html#structuredoutputmanager",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.StructuredOutputManager.__init__": (
+                "openai_api.html#structuredoutputmanager.__init__",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.StructuredOutputManager.compile": (
+                "openai_api.html#structuredoutputmanager.compile",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.StructuredOutputManager.compiler": (
+                "openai_api.html#structuredoutputmanager.compiler",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.StructuredOutputManager.grammar": (
+                "openai_api.html#structuredoutputmanager.grammar",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.apply_grammars": (
+                "openai_api.html#apply_grammars",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.choice_grammar": (
+                "openai_api.html#choice_grammar",
+                "minillm/engine/structured_output.py",
             ),
         },
         "minillm.kernels.cpu_attention": {
@@ -1253,6 +1365,10 @@ d = {
                 "sampling.html#samplingparams.__post_init__",
                 "minillm/sampling.py",
             ),
+            "minillm.sampling.SamplingParams._validate_processing": (
+                "sampling.html#samplingparams._validate_processing",
+                "minillm/sampling.py",
+            ),
             "minillm.sampling.SamplingParams.fan_out": (
                 "sampling.html#samplingparams.fan_out",
                 "minillm/sampling.py",
@@ -1263,6 +1379,10 @@ d = {
             ),
             "minillm.sampling.SamplingParams.output_limit": (
                 "sampling.html#samplingparams.output_limit",
+                "minillm/sampling.py",
+            ),
+            "minillm.sampling.SamplingParams.processes_logits": (
+                "sampling.html#samplingparams.processes_logits",
                 "minillm/sampling.py",
             ),
             "minillm.sampling.SamplingParams.validate": (
@@ -1515,6 +1635,112 @@ d = {
                 "minillm/server/metrics.py",
             ),
         },
+        "minillm.server.openai_fields": {
+            "minillm.server.openai_fields.OutputExtras": (
+                "openai_api.html#outputextras",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras.__init__": (
+                "openai_api.html#outputextras.__init__",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras._prompt_entries": (
+                "openai_api.html#outputextras._prompt_entries",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras._prompt_text": (
+                "openai_api.html#outputextras._prompt_text",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras._tool_calls": (
+                "openai_api.html#outputextras._tool_calls",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras.complete": (
+                "openai_api.html#outputextras.complete",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras.stream": (
+                "openai_api.html#outputextras.stream",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TokenTexts": (
+                "openai_api.html#tokentexts",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TokenTexts.__call__": (
+                "openai_api.html#tokentexts.__call__",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TokenTexts.__init__": (
+                "openai_api.html#tokentexts.__init__",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields._call": (
+                "openai_api.html#_call",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields._finite": (
+                "openai_api.html#_finite",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields._refuse": (
+                "openai_api.html#_refuse",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.chat_logprobs": (
+                "openai_api.html#chat_logprobs",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.check_tools": (
+                "openai_api.html#check_tools",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.completion_logprobs": (
+                "openai_api.html#completion_logprobs",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.guided_decoding_of": (
+                "openai_api.html#guided_decoding_of",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.output_extras": (
+                "openai_api.html#output_extras",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.parse_tool_calls": (
+                "openai_api.html#parse_tool_calls",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.processing_params": (
+                "openai_api.html#processing_params",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.response_format_guide": (
+                "openai_api.html#response_format_guide",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.template_renders_tools": (
+                "openai_api.html#template_renders_tools",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.token_texts": (
+                "openai_api.html#token_texts",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.tool_call_schema": (
+                "openai_api.html#tool_call_schema",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.tool_mode": (
+                "openai_api.html#tool_mode",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.vllm_prompt_logprobs": (
+                "openai_api.html#vllm_prompt_logprobs",
+                "minillm/server/openai_fields.py",
+            ),
+        },
         "minillm.server.protocol": {
             "minillm.server.protocol.APIError": (
                 "serving.html#apierror",
@@ -1530,6 +1756,10 @@ d = {
             ),
             "minillm.server.protocol.ChatCompletionRequest": (
                 "serving.html#chatcompletionrequest",
+                "minillm/server/protocol.py",
+            ),
+            "minillm.server.protocol.ChatCompletionRequest.tool_mode": (
+                "serving.html#chatcompletionrequest.tool_mode",
                 "minillm/server/protocol.py",
             ),
             "minillm.server.protocol.ChatMessage": (
@@ -1554,6 +1784,10 @@ d = {
             ),
             "minillm.server.protocol.SamplingFields": (
                 "serving.html#samplingfields",
+                "minillm/server/protocol.py",
+            ),
+            "minillm.server.protocol.SamplingFields.processing_params": (
+                "serving.html#samplingfields.processing_params",
                 "minillm/server/protocol.py",
             ),
             "minillm.server.protocol.SamplingFields.sampling_params": (

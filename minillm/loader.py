@@ -211,14 +211,17 @@ def load_state_dict(model_dir: Path, device="cpu") -> dict[str, torch.Tensor]:
     return state
 
 
-def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """Token ids of `messages` ([{'role': ..., 'content': ...}]) in the model's chat template, ready
-    for the reply."""
+    for the reply; `tools` (OpenAI's function specs, chapter 12b) go to the templates that use
+    them."""
     if not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...}")
     if tokenizer.chat_template is None:
         raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False).input_ids
 
 

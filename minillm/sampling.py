@@ -10,6 +10,7 @@ __all__ = [
     "FLOAT32_MAX",
     "FLOAT32_TINY",
     "SEED_RANGE",
+    "MAX_LOGPROBS",
     "check_text",
     "SamplingParams",
     "apply_top_k_top_p",
@@ -26,6 +27,7 @@ __all__ = [
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,6 +36,7 @@ GREEDY_EPS = 1e-5  # temperatures below this are greedy: logits / 1e-6 would ove
 FLOAT32_MAX = 3.4028234663852886e38  # the sampler computes in float32: larger numbers become inf
 FLOAT32_TINY = 1.1754943508222875e-38  # and smaller positive ones lose precision, then become 0
 SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
+MAX_LOGPROBS = 20  # top log probabilities per token, at most (OpenAI's and vLLM's limit)
 
 
 def _is_int(x) -> bool:
@@ -78,15 +81,39 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # What clients of an OpenAI API expect besides (chapter 12b builds them):
+    logprobs: int | None = None  # log probabilities of each output token and of its top N
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first
+    presence_penalty: float = 0.0  # subtracted from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted once per time a token was generated
+    repetition_penalty: float = 1.0  # divides (multiplies if < 0) logits of prompt/output tokens
+    logit_bias: dict[int, float] | None = None  # added to the logits of these token ids
+    bad_words: list[str] | None = None  # words that are never generated
+    guided_decoding: Any = None  # a GuidedDecodingParams: the output follows a schema or grammar
 
     def __post_init__(self):
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = dict(self.logit_bias or {})
+        self.bad_words = list(self.bad_words or [])
         self.validate()
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
+
+    @property
+    def processes_logits(self) -> bool:
+        "Does the sampler do more than filter and draw for this request (chapter 12b)?"
+        return (
+            self.logprobs is not None
+            or self.prompt_logprobs is not None
+            or self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or bool(self.logit_bias or self.bad_words or self.min_tokens)
+            or self.guided_decoding is not None
+        )
 
     def validate(self):
         "Raise ValueError naming the first field out of the range the engine can honour."
@@ -133,6 +160,32 @@ class SamplingParams:
         _check(
             all(_is_int(t) and 0 <= t < 2**63 for t in self.stop_token_ids),
             f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}",
+        )
+        self._validate_processing()
+
+    def _validate_processing(self):
+        "The fields of chapter 12b: logprobs, penalties, biases, bad words."
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(
+                value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS),
+                f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}",
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_num(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")
+        _check(
+            _is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 100,
+            f"repetition_penalty must be in (0, 100], got {self.repetition_penalty!r}",
+        )
+        for token, bias in self.logit_bias.items():
+            _check(
+                _is_int(token) and 0 <= token < 2**63 and _is_num(bias) and -100 <= bias <= 100,
+                f"logit_bias maps token ids to numbers in [-100, 100], got {token!r}: {bias!r}",
+            )
+        _check(
+            all(isinstance(w, str) and w.strip() for w in self.bad_words),
+            f"bad_words must be a list of non-blank strings, got {self.bad_words!r}",
         )
 
     def output_limit(self, prompt_len: int, max_model_len: int) -> int:

@@ -204,7 +204,7 @@ BAD = [
     ({"prompt": "hi", "top_p": 0}, "top_p"),
     ({"prompt": "hi", "top_p": 1.5}, "top_p"),
     ({"prompt": "hi", "n": 0}, "n"),
-    ({"prompt": "hi", "logprobs": 3}, "logprobs"),
+    ({"prompt": "hi", "logprobs": 30}, "logprobs"),
     ({"prompt": ""}, "empty"),
     ({"prompt": "hello " * 9000}, "context"),
     ({"temperature": 0.5}, "prompt"),
@@ -216,9 +216,9 @@ BAD = [
     ({"prompt": ["hi"] * 1000}, "prompts"),
     ({"prompt": "hi", "stop": ["x"] * 1000}, "stop"),
     ({"prompt": "hi", "stop": "x" * 200_000}, "stop"),
-    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "echo": "yes"}, "echo"),
     ({"prompt": "hi", "suffix": "!"}, "suffix"),
-    ({"prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"cat": 10}}, "logit_bias"),
     ({"prompt": "hi", "stop_token_ids": [10**6]}, "stop_token_ids"),
     ({"prompt": [10**6]}, "token ids"),
 ]
@@ -254,11 +254,11 @@ CHAT_BAD = [
     (
         {
             "messages": [{"role": "user", "content": "hi"}],
-            "response_format": {"type": "json_object"},
+            "response_format": {"type": "xml"},
         },
         "response_format",
     ),
-    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "logprobs"),
 ]
 
 

@@ -22,6 +22,7 @@ class FlatBatch:
     positions: torch.Tensor  # [T]
     metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [S]: the last new token of each sequence (more with drafts)
+    num_logits: list[int] | None = None  # how many of those rows each sequence has
 
 
 def slots_of(block_table: list[int], positions, block_size: int) -> list[int]:
@@ -30,12 +31,18 @@ def slots_of(block_table: list[int], positions, block_size: int) -> list[int]:
 
 
 def build_flat_batch(
-    seqs: list[Sequence], num_new_tokens: list[int], block_size: int, device="cpu"
+    seqs: list[Sequence],
+    num_new_tokens: list[int],
+    block_size: int,
+    device="cpu",
+    all_logits: list[bool] | None = None,
 ) -> FlatBatch:
     """The flat batch that computes tokens [num_computed, num_computed + n) of each sequence; past
-    its known tokens come its draft tokens (chapter 12), whose logits are all kept."""
-    ids, positions, slots, cu, ctx, logits_at = [], [], [], [0], [], []
-    for seq, n in zip(seqs, num_new_tokens):  # plain lists: a few list operations per sequence
+    its known tokens come its draft tokens (chapter 12), whose logits are all kept, as are those
+    of every new token of the sequences `all_logits` marks (prompt logprobs, chapter 12b)."""
+    ids, positions, slots, cu, ctx, logits_at, num_logits = [], [], [], [0], [], [], []
+    all_logits = all_logits or [False] * len(seqs)
+    for seq, n, every in zip(seqs, num_new_tokens, all_logits):  # a few list operations each
         start, end, table = seq.num_computed_tokens, seq.num_computed_tokens + n, seq.block_table
         drafts = max(0, end - len(seq))
         if not (n >= 1 and drafts <= len(seq.spec_token_ids) and len(table) * block_size >= end):
@@ -47,7 +54,9 @@ def build_flat_batch(
         slots += slots_of(table, range(start, end), block_size)
         cu.append(cu[-1] + n)
         ctx.append(end)
-        logits_at += range(cu[-1] - 1 - drafts, cu[-1])  # the last token, and before each draft
+        first = cu[-2] if every else cu[-1] - 1 - drafts  # every token's logits, or the last's
+        logits_at += range(first, cu[-1])  # and those before each draft
+        num_logits.append(cu[-1] - first)
     width = max(len(s.block_table) for s in seqs)
     tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
 
@@ -64,7 +73,11 @@ def build_flat_batch(
         query_starts=cu[:-1],
     )
     return FlatBatch(
-        tensor(ids, torch.long), tensor(positions, torch.long), md, tensor(logits_at, torch.long)
+        tensor(ids, torch.long),
+        tensor(positions, torch.long),
+        md,
+        tensor(logits_at, torch.long),
+        num_logits,
     )
 
 

@@ -118,13 +118,14 @@ class CompletionOutput:
     token_ids: list[int]  # the whole output (complete when the request has finished)
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None
+    logprobs: list | None = None  # per output token, when asked (complete when finished; 12b)
 
 
 @dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]  # complete when finished
+    prompt_token_ids: list[int]  # in its first output and when finished
     outputs: list[CompletionOutput]
     finished: bool
     arrival_time: float = 0.0
@@ -138,6 +139,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_draft_tokens: int = 0  # speculative decoding (chapter 12): drafts proposed so far
     num_accepted_tokens: int = 0  # and of those, accepted
+    delta_logprobs: list = field(default_factory=list)  # of delta_token_ids, when asked (12b)
+    prompt_logprobs: list | None = None  # per prompt token (None first), when asked
 
     @property
     def metrics(self) -> RequestLatency | None:
@@ -165,17 +168,19 @@ class RequestOutput:
 def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestOutput:
     "The output of `req` at this step: its deltas, and everything else once it has finished."
     done = req.finished
+    first = req.num_output_tokens == len(delta_ids)  # its first output (which echo needs)
     completion = CompletionOutput(
         0,
         req.stream.text if done else "",
         req.output_ids if done else [],
         req.finish_reason,
         req.stream.stop_reason,
+        req.logprobs if done and req.params.logprobs is not None else None,
     )
     return RequestOutput(
         req.request_id,
         req.prompt,
-        req.token_ids[: req.prompt_len] if done else [],
+        req.token_ids[: req.prompt_len] if done or first else [],
         [completion],
         done,
         req.arrival_time,
@@ -187,6 +192,8 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
         req.prompt_len,
         req.num_draft_tokens,
         req.num_accepted_tokens,
+        req.logprobs[len(req.logprobs) - len(delta_ids) :] if req.logprobs else [],
+        req.prompt_logprobs,
     )
 
 
@@ -307,6 +314,11 @@ class LLMEngine:
             cfg.enable_chunked_prefill,
             self.proposer.num_speculative_tokens if self.proposer else 0,
         )
+        from minillm.engine.structured_output import StructuredOutputManager  # chapter 12b
+
+        self.structured_outputs = StructuredOutputManager(
+            self.tokenizer, mcfg.vocab_size, self.eos_token_ids
+        )
         self.requests: dict[str, Request] = {}
         self._ids, self._seq_ids = itertools.count(), itertools.count()
 
@@ -347,6 +359,10 @@ class LLMEngine:
             generator=make_generator(params.seed, self.runner.device),
             stream=TextStream(self.tokenizer, params, self.eos_token_ids, ids),
         )
+        if params.processes_logits:  # chapter 12b: bias ids, bad words, grammar, prompt logprobs
+            from minillm.engine.logits_processor import prepare_request
+
+            prepare_request(req, self.tokenizer, vocab, self.structured_outputs)
         self.scheduler.check(req)  # refuses a request that could never fit in the pool
         return req
 
@@ -420,6 +436,7 @@ class LLMEngine:
                 continue
             try:
                 kept, delta = self._detokenize(req, tokens)
+                self._keep(req, kept)
             except Exception as e:
                 outputs.append(self._fail(req, e))
                 continue
@@ -469,6 +486,15 @@ class LLMEngine:
             if req.stream.finished:
                 break
         return kept, delta
+
+    def _keep(self, req: Request, kept: list[int]):
+        """Chapter 12b: keep the logprobs of the tokens kept, and move the request's grammar past
+        them."""
+        if req.new_logprobs:
+            req.logprobs += req.new_logprobs[: len(kept)]
+            req.new_logprobs = []
+        if req.grammar is not None:
+            req.grammar.accept(kept)
 
     def _emit(self, req: Request, tokens: list[int], delta: str) -> RequestOutput:
         "The request's output of this step, its new tokens added; finish it if it is done."

@@ -243,8 +243,9 @@ class ModelRunner:
         one more)."""
         with record_function("minillm::prepare_inputs"):
             rows = [i for i, s in enumerate(out.samples) if s]
+            prompt_logits = [r.needs_prompt_logits for r in out.requests]  # chapter 12b
             batch = build_flat_batch(
-                out.requests, out.num_tokens, self.cache.block_size, self.device
+                out.requests, out.num_tokens, self.cache.block_size, self.device, prompt_logits
             )
         with record_function("minillm::forward"):
             if self.graphs is not None and self.graphs.can_run(batch):
@@ -252,10 +253,17 @@ class ModelRunner:
             else:
                 logits = self.forward(batch)
         result = [[] for _ in out.requests]
-        if not rows:
+        if not rows and not any(prompt_logits):
             return result
         with record_function("minillm::sample"):
-            if any(r.spec_token_ids for r in out.requests):
+            if any(r.params.processes_logits for r in out.requests):
+                # chapter 12b: logprobs, penalties, biases, structured outputs
+                from minillm.engine.logits_processor import sample_processed
+
+                tokens = sample_processed(
+                    logits, batch.num_logits, out.requests, rows, self.generator
+                )
+            elif any(r.spec_token_ids for r in out.requests):
                 from minillm.spec_decode.rejection_sampler import verify_drafts  # chapter 12
 
                 tokens = verify_drafts(logits, out.requests, rows, self.generator)

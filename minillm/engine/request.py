@@ -9,6 +9,7 @@ __all__ = ["RequestStatus", "Request"]
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,6 +48,11 @@ class Request(Sequence):
     num_preemptions: int = 0
     num_draft_tokens: int = 0  # draft tokens proposed for it (chapter 12)
     num_accepted_tokens: int = 0  # of those, how many the model confirmed
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # bad_words tokenized (12b)
+    grammar: Any = None  # its structured-output matcher, when it has one (chapter 12b)
+    logprobs: list = field(default_factory=list)  # per output token, when asked (chapter 12b)
+    new_logprobs: list = field(default_factory=list)  # the sampler's, of this step's new tokens
+    prompt_logprobs: list | None = None  # per prompt token (None for the first), when asked
 
     def __post_init__(self):
         self.prompt_len = self.prompt_len or len(self.token_ids)
@@ -66,3 +72,8 @@ class Request(Sequence):
     @property
     def finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        "Are its prompt's logits still wanted (prompt_logprobs, chapter 12b)? Then no cache hits."
+        return self.params.prompt_logprobs is not None and self.num_output_tokens == 0

@@ -136,7 +136,7 @@ class Scheduler:
         "Step 2: admit waiting requests in order while budget, sequence slots and blocks last."
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            if not req.block_table:
+            if not req.block_table and not req.needs_prompt_logits:
                 req.num_computed_tokens = req.num_cached_tokens = self.bm.match_prefix(req)
             n = req.num_pending_tokens
             if n > budget:

@@ -120,23 +120,27 @@ class Admission:
             )
 
     async def requests(
-        self, prompts: list, params: SamplingParams, chat_messages: list | None = None
+        self,
+        prompts: list,
+        params: SamplingParams,
+        chat_messages: list | None = None,
+        tools: list | None = None,
     ):
         """The engine requests of every (prompt, sample), built in a worker thread; APIError(400) if
         any is bad."""
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
-                self.pool, self._build, prompts, params, chat_messages
+                self.pool, self._build, prompts, params, chat_messages, tools
             )
         except ValueError as e:
             raise APIError(400, str(e)) from None
 
-    def _build(self, prompts: list, params: SamplingParams, chat_messages: list | None):
+    def _build(self, prompts: list, params: SamplingParams, chat_messages, tools):
         engine = self.aeng.engine
         if chat_messages is not None:
             try:
-                prompts = [encode_chat(engine.tokenizer, chat_messages)]
+                prompts = [encode_chat(engine.tokenizer, chat_messages, tools)]
             except Exception as e:  # the template's own checks (roles that must alternate...)
                 raise ValueError(f"the chat template refused these messages: {e}") from None
         return [
@@ -182,8 +186,11 @@ class Responder:
     """Streams or collects the outputs of one HTTP request's engine requests, in OpenAI's response
     shapes."""
 
-    def __init__(self, aeng: AsyncEngine, admission: Admission, name: str, chat: bool, n: int):
+    def __init__(
+        self, aeng: AsyncEngine, admission: Admission, name: str, chat: bool, n: int, extras=None
+    ):
         self.aeng, self.admission, self.name, self.chat, self.n = aeng, admission, name, chat, n
+        self.extras = extras  # chapter 12b's logprobs, echo and tool calls, when asked for
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -224,7 +231,7 @@ class Responder:
                 choice["message"] = {"role": "assistant", "content": o.text}
             else:
                 choice["text"] = o.text
-            choices.append(choice)
+            choices.append(self.extras.complete(choice, o) if self.extras else choice)
         return {
             "id": self.id,
             "object": self.object,
@@ -243,12 +250,16 @@ class Responder:
                 if self.chat and index not in started:
                     started.add(index)
                     yield self._chunk(index, {"role": "assistant", "content": ""}, None)
-                if out.delta_text or out.finished:
-                    yield self._chunk(
-                        index,
-                        self._delta(out.delta_text),
-                        out.finish_reason if out.finished else None,
+                finish = out.finish_reason if out.finished else None
+                if self.extras:  # chapter 12b: logprobs, echo, tool calls
+                    first = len(out.token_times) == len(out.delta_token_ids)
+                    delta, extra, finish = self.extras.stream(
+                        index, out, self._delta(out.delta_text), first
                     )
+                    if delta or extra.get("logprobs") or finish:
+                        yield self._chunk(index, delta, finish, extra)
+                elif out.delta_text or out.finished:
+                    yield self._chunk(index, self._delta(out.delta_text), finish)
         except (
             Exception
         ) as e:  # a failed request (or a dead engine) ends the stream with an error event
@@ -263,9 +274,10 @@ class Responder:
             return {"content": text} if text else {}
         return {"text": text}
 
-    def _chunk(self, index: int, delta: dict, finish_reason: str | None) -> str:
+    def _chunk(self, index: int, delta: dict, finish_reason: str | None, extra=None) -> str:
         choice = {"index": index, "finish_reason": finish_reason, "logprobs": None}
         choice.update({"delta": delta} if self.chat else delta)
+        choice.update(extra or {})
         return _sse(self._chunk_obj([choice]))
 
     def _chunk_obj(self, choices: list, **extra) -> dict:
@@ -328,15 +340,22 @@ def build_app(
                 "model",
             )
 
-    async def serve_request(raw, body: SamplingFields, prompts, params, chat_messages=None):
+    def output_extras(body, chat: bool, tool_mode: str):
+        "Chapter 12b's additions to the responses (logprobs, echo, tool calls), or None."
+        from minillm.server.openai_fields import output_extras
+
+        return output_extras(body, chat, tool_mode, aeng.engine.tokenizer)
+
+    async def serve_request(raw, body, prompts, params, chat_messages=None, tool_mode="none"):
         admission.check_queue(len(prompts) * params.n)
-        reqs = await admission.requests(prompts, params, chat_messages)
-        admission.check_queue(
-            len(reqs)
-        )  # the queue may have filled while this request was tokenized
-        return await Responder(aeng, admission, name, chat_messages is not None, params.n).respond(
-            raw, reqs, body
-        )
+        tools = body.tools if tool_mode != "none" else None
+        reqs = await admission.requests(prompts, params, chat_messages, tools)
+        # the queue may have filled while this request was tokenized
+        admission.check_queue(len(reqs))
+        chat = chat_messages is not None
+        extras = output_extras(body, chat, tool_mode)
+        responder = Responder(aeng, admission, name, chat, params.n, extras)
+        return await responder.respond(raw, reqs, body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: HTTPRequest):
@@ -350,8 +369,9 @@ def build_app(
         check_key(raw)
         check_model(body.model)
         params = body.sampling_params(body.max_completion_tokens or body.max_tokens, limits)
+        tool_mode = body.tool_mode(aeng.engine.tokenizer)  # chapter 12b
         messages = [m.as_dict() for m in body.messages]
-        return await serve_request(raw, body, [None], params, messages)
+        return await serve_request(raw, body, [None], params, messages, tool_mode)
 
     @app.get("/v1/models")
     async def models(raw: HTTPRequest):

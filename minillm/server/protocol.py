@@ -76,29 +76,14 @@ class APIError(Exception):
 
 # field -> (what it asks for, the values that mean "not used"); None always means "not used"
 UNSUPPORTED = {
-    "tools": ("tool calling", ([],)),
-    "tool_choice": ("tool calling", ("none", "auto")),
     "functions": ("function calling", ([],)),
     "function_call": ("function calling", ("none", "auto")),
-    "response_format": ("structured outputs", ({"type": "text"},)),
-    "guided_json": ("structured outputs", ()),
-    "guided_regex": ("structured outputs", ()),
-    "guided_choice": ("structured outputs", ()),
-    "guided_grammar": ("structured outputs", ()),
-    "logprobs": ("log probabilities", (False,)),
-    "top_logprobs": ("log probabilities", (0,)),
-    "prompt_logprobs": ("log probabilities", ()),
-    "echo": ("echoing the prompt", (False,)),
     "suffix": ("insertion (suffix)", ("",)),
-    "logit_bias": ("logit bias", ({},)),
-    "presence_penalty": ("penalties", (0, 0.0)),
-    "frequency_penalty": ("penalties", (0, 0.0)),
-    "repetition_penalty": ("penalties", (1, 1.0)),
-    "bad_words": ("bad words", ([],)),
     "best_of": ("best_of > n", (1,)),
     "audio": ("audio output", ()),
     "modalities": ("other modalities", (["text"],)),
     "prediction": ("predicted outputs", ()),
+    "echo": ("echoing the prompt", (False,)),  # completions have it (chapter 12b); chat does not
 }
 
 
@@ -154,6 +139,18 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # chapter 12b: penalties, biases, prompt logprobs and structured outputs
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_params(self, max_tokens: int | None, limits: ServerLimits) -> SamplingParams:
         "The engine's SamplingParams, checked against `limits`; APIError names a bad field."
@@ -186,9 +183,16 @@ class SamplingFields(BaseModel):
                 ignore_eos=self.ignore_eos,
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
+                **self.processing_params(),
             )
         except ValueError as e:
             raise APIError(400, str(e), param=str(e).split()[0]) from None
+
+    def processing_params(self) -> dict:
+        "The SamplingParams fields of chapter 12b this body asks for."
+        from minillm.server.openai_fields import processing_params
+
+        return processing_params(self)
 
 
 def _default(value, default):
@@ -203,6 +207,8 @@ def _limit(ok: bool, message: str, param: str):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None  # chapter 12b: logprobs of each token and its top N
+    echo: bool = False  # the prompt before the completion (and its logprobs)
 
     def prompts(self, limits: ServerLimits) -> list[str | list[int]]:
         "The prompts (strings or token id lists), checked."
@@ -224,19 +230,17 @@ class CompletionRequest(SamplingFields):
 
 class ChatMessage(BaseModel):
     model_config = STRICT
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = Field(None, max_length=MAX_PARTS)
 
     def as_dict(self) -> dict:
         "The message as a chat template expects it ('developer' is the newer name of 'system')."
-        if self.model_extra and self.model_extra.get("tool_calls"):
-            raise APIError(
-                400,
-                "tool_calls in messages need tool calling, which minillm does not support",
-                param="messages",
-            )
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.text()}
+        message = {"role": role, "content": self.text()}
+        for key in ("tool_calls", "tool_call_id", "name"):  # earlier tool calls and their results
+            if (self.model_extra or {}).get(key) is not None:
+                message[key] = self.model_extra[key]
+        return message
 
     def text(self) -> str:
         if self.content is None:
@@ -261,6 +265,16 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = None
+    logprobs: bool = False  # chapter 12b: logprobs of each token
+    top_logprobs: int | None = None  # and of the N most likely there
+    tools: list[dict[str, Any]] | None = None  # functions the model may call
+    tool_choice: str | dict[str, Any] | None = None  # none, auto, required or one function
+
+    def tool_mode(self, tokenizer) -> str:
+        "none, auto, required or the forced function's name (chapter 12b); APIError if impossible."
+        from minillm.server.openai_fields import tool_mode
+
+        return tool_mode(self, tokenizer)
 
 
 def _checked_text(text: str, param: str) -> str:
