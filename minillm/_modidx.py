@@ -296,6 +296,10 @@ d = {
                 "naive_generate.html#generation_loop",
                 "minillm/course/naive.py",
             ),
+            "minillm.course.naive.greedy_divergence": (
+                "naive_generate.html#greedy_divergence",
+                "minillm/course/naive.py",
+            ),
             "minillm.course.naive.naive_generate": (
                 "naive_generate.html#naive_generate",
                 "minillm/course/naive.py",

@@ -4,17 +4,16 @@
 import json
 import math
 import re
-import sys
-from pathlib import Path
 
 import httpx
 import jsonschema
 import openai
 import pytest
 import torch
+from helpers import minillm_serve
 
 from minillm import LLM, SamplingParams
-from minillm.bench.online import ServerProcess, free_port
+from minillm.course.naive import greedy_divergence
 from minillm.engine.logits_processor import apply_penalties, token_counts
 from minillm.engine.structured_output import GuidedDecodingParams
 
@@ -76,33 +75,6 @@ def chat_prompt(tokenizer, question: str) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def assert_matches_transformers(hf, prompt: list[int], tokens: list[int], **processors):
-    """Greedy `tokens` equal transformers' generate with the same logits processors, or part where
-    its top two processed scores are within 1e-4 (another batch shape may round differently)."""
-    ids = torch.tensor([prompt])
-    out = hf.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=len(tokens),
-        pad_token_id=0,
-        eos_token_id=None,
-        output_scores=True,
-        return_dict_in_generate=True,
-        **processors,
-    )
-    ref = out.sequences[0, len(prompt) :].tolist()
-    i = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None)
-    if i is not None:
-        scores = out.scores[i][0].float()
-        assert float(scores[ref[i]] - scores[tokens[i]]) <= 1e-4 * float(scores.abs().max()), (
-            processors,
-            i,
-            tokens,
-            ref,
-        )
-
-
 @pytest.fixture(scope="module")
 def llm(model_dir):
     return LLM(str(model_dir), dtype="float32", kv_cache_memory_gb=0.2)
@@ -159,7 +131,7 @@ def test_greedy_with_penalties_bias_and_bad_words_equals_transformers(llm, hf_mo
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **ours)
         outs = llm.generate(prompts, params, use_tqdm=False)
         for o, p in zip(outs, prompts):
-            assert_matches_transformers(hf_model, p, o.token_ids, **theirs)
+            greedy_divergence(hf_model, p, o.token_ids, None, **theirs)
     out = llm.generate(
         prompts[:1], SamplingParams(temperature=0, max_tokens=12, bad_words=[" Paris"])
     )
@@ -324,7 +296,7 @@ def test_penalties_exact_under_speculation(model_dir, tokenizer, hf_model):
     outs = spec.generate(prompts, params, use_tqdm=False)
     for o, p in zip(outs, prompts):
         assert len(o.token_ids) == 16
-        assert_matches_transformers(hf_model, p, o.token_ids, repetition_penalty=0.9)
+        greedy_divergence(hf_model, p, o.token_ids, None, repetition_penalty=0.9)
     assert spec.engine.scheduler.num_accepted_tokens > 0
 
 
@@ -358,23 +330,8 @@ def test_bad_requests_are_refused(llm):
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    port = free_port()
-    cmd = [
-        str(Path(sys.executable).parent / "minillm"),
-        "serve",
-        "--port",
-        str(port),
-        "--model",
-        str(model_dir),
-        "--dtype",
-        "float32",
-        "--num-kv-blocks",
-        "400",
-        "--log-level",
-        "warning",
-    ]
-    base = f"http://127.0.0.1:{port}"
-    with ServerProcess(cmd, f"{base}/v1", log=str(tmp_path_factory.mktemp("server") / "log")):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with minillm_serve(model_dir, log, "--dtype", "float32", "--num-kv-blocks", "400") as (base, _):
         yield base
 
 
@@ -411,16 +368,16 @@ def test_server_json_schema_and_json_mode(client):
 def test_server_streams_structured_output_with_logprobs(client):
     model = client.models.list().data[0].id
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMAS[0]}}
-    stream = client.chat.completions.create(
+    ask_json = dict(
         model=model,
         messages=ask(QUESTIONS[0]),
         response_format=fmt,
         temperature=0,
         max_tokens=150,
-        stream=True,
         logprobs=True,
         top_logprobs=2,
     )
+    stream = client.chat.completions.create(**ask_json, stream=True)
     text, logprobs = "", []
     for chunk in stream:
         if chunk.choices:
@@ -430,15 +387,7 @@ def test_server_streams_structured_output_with_logprobs(client):
     jsonschema.validate(json.loads(text), SCHEMAS[0])
     # every generated token has its entry, the EOS that ended the output included
     assert "".join(lp.token for lp in logprobs) == text + "<|im_end|>"
-    plain = client.chat.completions.create(
-        model=model,
-        messages=ask(QUESTIONS[0]),
-        response_format=fmt,
-        temperature=0,
-        max_tokens=150,
-        logprobs=True,
-        top_logprobs=2,
-    )
+    plain = client.chat.completions.create(**ask_json)
     assert plain.choices[0].message.content == text
     assert [lp.logprob for lp in plain.choices[0].logprobs.content] == pytest.approx(
         [lp.logprob for lp in logprobs], abs=1e-4

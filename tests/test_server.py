@@ -1,44 +1,24 @@
 "A real `minillm serve` process on a free localhost port, driven by the official openai client."
 
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from helpers import minillm_serve
 
 from minillm import LLM, SamplingParams
-from minillm.bench.online import ServerProcess, free_port
 
 KEY, NAME = "test-key", "smollm2"
 
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    port = free_port()
-    cmd = [
-        str(Path(sys.executable).parent / "minillm"),
-        "serve",
-        "--port",
-        str(port),
-        "--api-key",
-        KEY,
-        "--served-model-name",
-        NAME,
-        "--model",
-        str(model_dir),
-        "--num-kv-blocks",
-        "400",
-        "--log-level",
-        "warning",
-    ]
-    base = f"http://127.0.0.1:{port}"
-    with ServerProcess(
-        cmd, f"{base}/v1", log=str(tmp_path_factory.mktemp("server") / "server.log")
-    ):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    flags = ["--api-key", KEY, "--served-model-name", NAME, "--num-kv-blocks", "400"]
+    with minillm_serve(model_dir, log, *flags) as (base, _):
         yield base
 
 

@@ -11,7 +11,6 @@ In-process: overload answers 503 with Retry-After; a dead engine fails every wai
 import asyncio
 import json
 import random
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import minillm_serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm.bench.online import ServerProcess, free_port
 from minillm.llm import LLM
 from minillm.sampling import SamplingParams
 
@@ -41,26 +40,9 @@ INNOCENT = {
 @pytest.fixture(scope="module")
 def hostile_server(random_llama, tmp_path_factory):
     path, _ = random_llama
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("hostile") / "server.log"
-    cmd = [
-        str(Path(sys.executable).parent / "minillm"),
-        "serve",
-        "--port",
-        str(port),
-        "--api-key",
-        KEY,
-        "--model",
-        str(path),
-        "--num-kv-blocks",
-        "512",
-        "--max-num-seqs",
-        "32",
-        "--log-level",
-        "warning",
-    ]
-    with ServerProcess(cmd, f"{base}/v1", log=str(log)) as proc:
+    flags = ["--api-key", KEY, "--num-kv-blocks", "512", "--max-num-seqs", "32"]
+    with minillm_serve(path, log, *flags) as (base, proc):
         yield base, proc.proc.pid, log
 
 
