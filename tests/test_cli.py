@@ -88,6 +88,8 @@ def test_engine_flags_reach_the_engine_config():
             "2",
             "--speculative-config",
             '{"method": "ngram", "num_speculative_tokens": 2}',
+            "--quantization",
+            "int4",
         ]
     )
     cfg = EngineConfig(**engine_kwargs(args))
@@ -98,7 +100,8 @@ def test_engine_flags_reach_the_engine_config():
         cfg.block_size,
         cfg.tensor_parallel_size,
         cfg.speculative_config,
-    ) == ("triton", True, False, 32, 2, {"method": "ngram", "num_speculative_tokens": 2})
+        cfg.quantization,
+    ) == ("triton", True, False, 32, 2, {"method": "ngram", "num_speculative_tokens": 2}, "int4")
     assert EngineConfig(**engine_kwargs(parser().parse_args(["serve"]))) == EngineConfig()
 
 

@@ -143,8 +143,10 @@ def test_a_killed_worker_reaches_the_caller(tmp_path):
 
 
 SCRIPT = """
-import json, sys
+import faulthandler, json, signal, sys
 from minillm.llm import LLM
+
+faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if we hang
 from minillm.sampling import SamplingParams
 
 if __name__ == "__main__":
@@ -193,7 +195,12 @@ def test_no_orphans_when_rank_0_stops(tmp_path, how):
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.kill()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # say where rank 0 is stuck (stderr: the test's output)
+            os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(2)
+            raise
         assert wait_gone(workers), "a worker outlived rank 0"
     finally:
         if proc.poll() is None:

@@ -81,6 +81,7 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (chapter 8c)
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
     tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
+    quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits (chapter 13)
     speculative_config: dict | None = None  # draft tokens to verify per step (chapter 12)
 
     def resolved(self) -> "EngineConfig":
@@ -95,6 +96,10 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.quantization is not None:  # chapter 13
+            from minillm.quantization.loader import check_quantization
+
+            check_quantization(self.quantization, self.model, device, self.tensor_parallel_size)
         return dataclasses.replace(self, device=device, dtype=dtype)
 
 
@@ -252,7 +257,12 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
     `tp` loads this rank's shard, makes the ranks agree on the pool's size, and makes the runner."""
     device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
     baseline = cuda_memory_snapshot(device) if device.type == "cuda" else None  # before weights
-    model = (tp.load_model if tp else load_model)(model_path, dtype, device)
+    if cfg.quantization:  # chapter 13: weights in fewer bits
+        from minillm.quantization.loader import load_quantized
+
+        model = load_quantized(cfg.quantization, cfg.model, model_path, dtype, device)
+    else:
+        model = (tp.load_model if tp else load_model)(model_path, dtype, device)
     num_blocks = cfg.num_kv_blocks or size_kv_pool(model, cfg, max_model_len, baseline)
     if tp is not None:
         num_blocks = tp.min_over_ranks(num_blocks)
