@@ -6,6 +6,7 @@
 __all__ = [
     "logger",
     "IDLE",
+    "HANDOFF",
     "to_device",
     "rank_device",
     "share_cpu_threads",
@@ -41,6 +42,9 @@ from .layers import TPGroup, check_tp_size, load_model_shard
 
 logger = logging.getLogger("minillm")
 IDLE = datetime.timedelta(days=365)  # how long a worker waits for the next step: a server idles
+# how long rank 0 waits for the workers to take a step: they are waiting for it, so longer means
+# one is stuck; the send then fails (EngineDeadError) instead of hanging, Ctrl-C included
+HANDOFF = datetime.timedelta(seconds=20)
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #476f32e8
@@ -115,7 +119,8 @@ class TensorParallel(TPGroup):
         kwargs = {"store": store} if store is not None else {"init_method": "env://"}
         dist.init_process_group(backend, rank=rank, world_size=size, **kwargs)
         super().__init__(rank, size, dist.group.WORLD)
-        self.control = dist.new_group(backend="gloo", timeout=IDLE)
+        # each rank's own wait: workers idle as long as the server does, rank 0 never hangs
+        self.control = dist.new_group(backend="gloo", timeout=HANDOFF if rank == 0 else IDLE)
         self.device, self.workers, self.broken, self.closed = device, [], False, False
 
     def load_model(self, model_path, dtype, device):
