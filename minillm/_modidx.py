@@ -323,6 +323,20 @@ d = {
                 "minillm/course/paged.py",
             ),
         },
+        "minillm.course.quantized": {
+            "minillm.course.quantized.FakeQuantizedCache": (
+                "quantization.html#fakequantizedcache",
+                "minillm/course/quantized.py",
+            ),
+            "minillm.course.quantized.FakeQuantizedCache.__init__": (
+                "quantization.html#fakequantizedcache.__init__",
+                "minillm/course/quantized.py",
+            ),
+            "minillm.course.quantized.FakeQuantizedCache.update": (
+                "quantization.html#fakequantizedcache.update",
+                "minillm/course/quantized.py",
+            ),
+        },
         "minillm.detokenizer": {
             "minillm.detokenizer.TextStream": (
                 "sampling.html#textstream",
@@ -520,6 +534,14 @@ d = {
             ),
             "minillm.engine.kv_cache.PagedKVCache.for_model": (
                 "paged_attention.html#pagedkvcache.for_model",
+                "minillm/engine/kv_cache.py",
+            ),
+            "minillm.engine.kv_cache.PagedKVCache.nbytes": (
+                "paged_attention.html#pagedkvcache.nbytes",
+                "minillm/engine/kv_cache.py",
+            ),
+            "minillm.engine.kv_cache.PagedKVCache.read": (
+                "paged_attention.html#pagedkvcache.read",
                 "minillm/engine/kv_cache.py",
             ),
             "minillm.engine.kv_cache.PagedKVCache.write": (
@@ -730,6 +752,10 @@ d = {
             ),
             "minillm.engine.model_runner.load_attention_backend": (
                 "model_runner.html#load_attention_backend",
+                "minillm/engine/model_runner.py",
+            ),
+            "minillm.engine.model_runner.make_kv_cache": (
+                "model_runner.html#make_kv_cache",
                 "minillm/engine/model_runner.py",
             ),
             "minillm.engine.model_runner.num_kv_blocks_for_memory": (
@@ -1360,6 +1386,52 @@ d = {
                 "minillm/parallel/layers.py",
             ),
         },
+        "minillm.quantization.kv_cache": {
+            "minillm.quantization.kv_cache.QuantizedKVCache": (
+                "quantization.html#quantizedkvcache",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.QuantizedKVCache.__init__": (
+                "quantization.html#quantizedkvcache.__init__",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.QuantizedKVCache.for_model": (
+                "quantization.html#quantizedkvcache.for_model",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.QuantizedKVCache.nbytes": (
+                "quantization.html#quantizedkvcache.nbytes",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.QuantizedKVCache.read": (
+                "quantization.html#quantizedkvcache.read",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.QuantizedKVCache.write": (
+                "quantization.html#quantizedkvcache.write",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.check_kv_cache_dtype": (
+                "quantization.html#check_kv_cache_dtype",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.dequantize_kv": (
+                "quantization.html#dequantize_kv",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.largest": (
+                "quantization.html#largest",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.quantize_kv": (
+                "quantization.html#quantize_kv",
+                "minillm/quantization/kv_cache.py",
+            ),
+            "minillm.quantization.kv_cache.quantized_kv_bytes_per_token": (
+                "quantization.html#quantized_kv_bytes_per_token",
+                "minillm/quantization/kv_cache.py",
+            ),
+        },
         "minillm.quantization.layers": {
             "minillm.quantization.layers.Int4Linear": (
                 "quantization.html#int4linear",
@@ -1478,6 +1550,28 @@ d = {
             "minillm.quantization.loader.read_blocks": (
                 "quantization.html#read_blocks",
                 "minillm/quantization/loader.py",
+            ),
+        },
+        "minillm.quantization.triton_linear": {
+            "minillm.quantization.triton_linear._int4_matmul_kernel": (
+                "quantization.html#_int4_matmul_kernel",
+                "minillm/quantization/triton_linear.py",
+            ),
+            "minillm.quantization.triton_linear._int8_matmul_kernel": (
+                "quantization.html#_int8_matmul_kernel",
+                "minillm/quantization/triton_linear.py",
+            ),
+            "minillm.quantization.triton_linear._launch": (
+                "quantization.html#_launch",
+                "minillm/quantization/triton_linear.py",
+            ),
+            "minillm.quantization.triton_linear.int4_matmul": (
+                "quantization.html#int4_matmul",
+                "minillm/quantization/triton_linear.py",
+            ),
+            "minillm.quantization.triton_linear.int8_matmul": (
+                "quantization.html#int8_matmul",
+                "minillm/quantization/triton_linear.py",
             ),
         },
         "minillm.sampling": {

@@ -52,6 +52,11 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
         str,
         "gguf (a .gguf file's own 4/8-bit blocks), int8 or int4 (quantize on load)",
     ),
+    "--kv-cache-dtype": (
+        "kv_cache_dtype",
+        str,
+        "auto (the model's dtype), int8, fp8 (e4m3) or fp8_e5m2: the KV cache in one byte a value",
+    ),
     "--device": ("device", str, "auto, cpu or cuda"),
     "--max-num-seqs": ("max_num_seqs", int, "sequences per iteration at most"),
     "--max-num-batched-tokens": (

@@ -90,6 +90,8 @@ def test_engine_flags_reach_the_engine_config():
             '{"method": "ngram", "num_speculative_tokens": 2}',
             "--quantization",
             "int4",
+            "--kv-cache-dtype",
+            "fp8",
         ]
     )
     cfg = EngineConfig(**engine_kwargs(args))
@@ -101,7 +103,17 @@ def test_engine_flags_reach_the_engine_config():
         cfg.tensor_parallel_size,
         cfg.speculative_config,
         cfg.quantization,
-    ) == ("triton", True, False, 32, 2, {"method": "ngram", "num_speculative_tokens": 2}, "int4")
+        cfg.kv_cache_dtype,
+    ) == (
+        "triton",
+        True,
+        False,
+        32,
+        2,
+        {"method": "ngram", "num_speculative_tokens": 2},
+        "int4",
+        "fp8",
+    )
     assert EngineConfig(**engine_kwargs(parser().parse_args(["serve"]))) == EngineConfig()
 
 

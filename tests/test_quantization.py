@@ -1,5 +1,5 @@
 """Chapter 13: quantized layers against dequantize-then-multiply, GGUF blocks against the gguf
-package, and the engine serving each scheme."""
+package, the engine serving each scheme, and the KV cache in one byte."""
 
 import numpy as np
 import pytest
@@ -10,9 +10,18 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from minillm import LLM, SamplingParams
+from minillm.course.naive import greedy_divergence
+from minillm.course.quantized import FakeQuantizedCache
 from minillm.engine.llm_engine import EngineConfig
-from minillm.loader import default_gguf_path, resolve_model_path
-from minillm.model import load_model, no_cache_attention
+from minillm.engine.model_runner import kv_block_bytes
+from minillm.loader import default_gguf_path, encode_chat, read_config, resolve_model_path
+from minillm.model import ModelConfig, load_model, no_cache_attention
+from minillm.quantization.kv_cache import (
+    QuantizedKVCache,
+    check_kv_cache_dtype,
+    dequantize_kv,
+    quantize_kv,
+)
 from minillm.quantization.layers import Int4Linear, Int8Linear, quantize_int4, quantize_int8
 from minillm.quantization.loader import (
     GGUFTensors,
@@ -123,3 +132,139 @@ def test_quantize_model_replaces_every_decoder_linear():
     model = quantize_model(load_model(None), "int4")
     kinds = {type(m).__name__ for m in model.model.layers.modules()}
     assert "Linear" not in kinds and "Int4Linear" in kinds
+
+
+# the KV cache in one byte (kv_cache_dtype)
+
+KV_QUESTIONS = [
+    "What is the capital of France?",
+    "Write a limerick about a cat who loves the sea and the sun.",
+    "List three prime numbers.",
+    "Why is the sky blue? Answer briefly.",
+]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8", "fp8_e5m2"])
+def test_kv_rows_round_trip_within_their_bound(kv_cache_dtype):
+    storage = check_kv_cache_dtype(kv_cache_dtype)
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(32, 4, 64, generator=g) * torch.logspace(-4, 3, 32)[:, None, None]
+    q, scale = quantize_kv(rows, storage)
+    assert q.dtype == storage and scale.shape == rows.shape[:-1]
+    error = (dequantize_kv(q, scale, torch.float32) - rows).abs()
+    relative, tiny = {"int8": (0, 0.5), "fp8": (2**-4, 2**-10), "fp8_e5m2": (2**-3, 2**-17)}[
+        kv_cache_dtype
+    ]
+    bound = torch.maximum(relative * rows.abs(), tiny * scale[..., None]) * (1 + 1e-5)
+    assert (error <= bound).all()
+    # each row's largest magnitude is stored exactly (it defines the scale)
+    top = rows.abs().argmax(-1, keepdim=True)
+    assert (error.gather(-1, top) <= 1e-6 * rows.abs().gather(-1, top)).all()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_quantized_kv_cache_equals_transformers_with_the_same_rounding(
+    model_dir, tokenizer, hf_model, eos_ids, kv_cache_dtype, backend
+):
+    # a pool small enough to preempt, prompts in chunks, the chat template's shared system prompt
+    # from the prefix cache: tokens equal transformers' whose cache rounds K/V the same way, up to
+    # near-ties. Those are wider than float32's: a value within an ulp of a rounding boundary
+    # (minillm's fused qkv_proj sums in another order than transformers' q/k/v) moves by a whole
+    # step, 1/127 of its row's largest, so a 1e-3 relative gap is a near-tie here (seen: 8e-4)
+    llm = LLM(
+        str(model_dir),
+        dtype="float32",
+        kv_cache_dtype=kv_cache_dtype,
+        attention_backend=backend,
+        num_kv_blocks=14,
+        block_size=8,
+        max_num_batched_tokens=24,
+        max_num_seqs=3,
+    )
+    assert llm.engine.runner.attention_backend == backend
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": q}]) for q in KV_QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert sum(o.num_cached_tokens for o in outs) > 0
+    for prompt, out in zip(prompts, outs):
+        cache = FakeQuantizedCache(kv_cache_dtype)
+        greedy_divergence(hf_model, prompt, out.token_ids, eos_ids, 1e-3, cache=cache)
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not llm.engine.requests
+
+
+def test_cpu_kernel_reads_a_quantized_pool_as_the_torch_backend_does():
+    from minillm.engine.attention import TORCH_ATTENTION, PagedAttention
+    from minillm.engine.block_manager import Sequence
+    from minillm.engine.input_batch import build_flat_batch
+    from minillm.kernels.cpu_attention import CPU_ATTENTION, cpu_kernels_available
+
+    if not cpu_kernels_available():
+        pytest.skip("no C++ compiler here: the torch backend serves quantized pools")
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, bs = 6, 2, 64, 4
+    for kv_cache_dtype in ("int8", "fp8", "fp8_e5m2"):
+        pool = QuantizedKVCache(1, 16, bs, kv_heads, dim, kv_cache_dtype=kv_cache_dtype)
+        lengths = [9, 1, 14]  # decodes after contexts written by an earlier prefill
+        seqs, tables = [], [[3, 7, 1], [0], [2, 9, 4, 11]]
+        for i, (n, table) in enumerate(zip(lengths, tables)):
+            seqs.append(Sequence(i, list(range(n)), block_table=table))
+        prefill = build_flat_batch(seqs, lengths, bs, "cpu")
+        t = sum(lengths)
+        k, v = (torch.randn(t, kv_heads, dim, generator=g) * 3 for _ in range(2))
+        pool.write(0, k, v, prefill.metadata.slot_mapping)
+        for s, n in zip(seqs, lengths):
+            s.token_ids.append(0)
+            s.num_computed_tokens = n
+        step = build_flat_batch(seqs, [1, 1, 1], bs, "cpu")
+        q = torch.randn(3, heads, dim, generator=g)
+        outs = []
+        for backend in (TORCH_ATTENTION, CPU_ATTENTION):
+            attn = PagedAttention(pool, step.metadata, backend)
+            outs.append(backend.attend(pool, 0, q, attn.prepared))
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+
+
+def test_quantized_pools_hold_more_blocks_in_the_same_memory(model_dir):
+    cfg = ModelConfig.from_hf(read_config(model_dir))
+    float_bytes = kv_block_bytes(cfg, 16, torch.float32)
+    int8_bytes = kv_block_bytes(cfg, 16, torch.float32, "int8")
+    assert int8_bytes == 16 * 2 * cfg.num_layers * cfg.num_kv_heads * (cfg.head_dim + 4)
+    llm = LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", kv_cache_memory_gb=0.05)
+    cache = llm.engine.runner.cache
+    assert (
+        cache.num_blocks == int(0.05 * 2**30 // int8_bytes) > 3 * int(0.05 * 2**30 // float_bytes)
+    )
+    assert cache.nbytes == cache.num_blocks * int8_bytes and cache.k.dtype == torch.int8
+
+
+def test_bad_kv_cache_settings_are_refused():
+    for kw, words in [
+        (dict(kv_cache_dtype="int4"), "kv_cache_dtype must be 'auto' or one of"),
+        (dict(kv_cache_dtype="int8", attention_backend="triton"), "not 'triton'"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            LLM(dtype="float32", **kw)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 33])
+def test_triton_kernels_equal_the_layers_reference(rows):
+    # on CPU under TRITON_INTERPRET=1 (conftest.py); on a GPU, compiled
+    from minillm.quantization.triton_linear import int4_matmul, int8_matmul
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 128, generator=g)
+    w = torch.randn(150, 128, generator=g) * 0.1  # 150 outputs: a partial tile of 64 columns
+    int8 = Int8Linear(*quantize_int8(w))
+    ours = int8_matmul(x, int8.qweight, int8.scales)
+    torch.testing.assert_close(ours, x @ int8.dequantize().T, rtol=1e-4, atol=1e-4)
+    for group in (32, 64, 128):
+        q, scale, lo = quantize_int4(w, group)
+        int4 = Int4Linear(q, scale, lo + 8 * scale, group, cpu_layout=False)
+        assert int4.cpu_packed is None and int4.qweight.shape == (150, 64)
+        ours = int4_matmul(x, int4.qweight, int4.scales_zeros, group)
+        torch.testing.assert_close(ours, x @ int4.dequantize().T, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        int8_matmul(torch.randn(2, 40), torch.zeros(8, 40, dtype=torch.int8), torch.ones(8))

@@ -48,9 +48,8 @@ class AttentionMetadata:
 def gather_kv(cache: PagedKVCache, layer: int, block_table: torch.Tensor, length: int):
     "K and V [length, kv_heads, head_dim] of one sequence, read through its block table."
     n_blocks = cdiv(length, cache.block_size)
-    k = cache.k[layer, block_table[:n_blocks]].flatten(0, 1)[:length]
-    v = cache.v[layer, block_table[:n_blocks]].flatten(0, 1)[:length]
-    return k, v
+    k, v = cache.read(layer, block_table[:n_blocks])
+    return k.flatten(0, 1)[:length], v.flatten(0, 1)[:length]
 
 
 GATHER_BYTES = 256 * 2**20  # the most the reference's padded decode copies at once
@@ -93,7 +92,7 @@ def paged_attention_torch(
         width = (
             cdiv(max(md.context_lens_list[s] for s in decodes), cache.block_size) * cache.block_size
         )
-        per_seq = 2 * width * cache.k[0, 0, 0].numel() * cache.k.element_size()
+        per_seq = 2 * width * cache.k[0, 0, 0].numel() * cache.dtype.itemsize
         group = max(1, GATHER_BYTES // per_seq)
         for i in range(0, len(decodes), group):
             part = decodes[i : i + group]
@@ -106,8 +105,8 @@ def _batched_decode(cache, layer, q, md, decodes):
     lens = [md.context_lens_list[s] for s in decodes]
     n_blocks = cdiv(max(lens), cache.block_size)
     tables = md.block_tables[decodes, :n_blocks]
-    k = cache.k[layer, tables].flatten(1, 2)  # [B, n_blocks * block_size, Hkv, D]
-    v = cache.v[layer, tables].flatten(1, 2)
+    k, v = cache.read(layer, tables)
+    k, v = k.flatten(1, 2), v.flatten(1, 2)  # [B, n_blocks * block_size, Hkv, D]
     visible = (
         torch.arange(k.shape[1], device=q.device)[None, :]
         < torch.tensor(lens, device=q.device)[:, None]
@@ -124,12 +123,14 @@ class AttentionBackend:
     """One way to store new K/V in the pool and attend over it; `prepare` does per-batch work once,
     not per layer."""
 
-    write: Callable  # (cache, layer, k, v, slot_mapping) -> None
     attend: Callable  # (cache, layer, q, prepared) -> out [T, H, D]
+    write: Callable = (  # (cache, layer, k, v, slot_mapping) -> None; default: the pool's own
+        lambda cache, layer, k, v, slot_mapping: cache.write(layer, k, v, slot_mapping)
+    )
     prepare: Callable = lambda cache, metadata: metadata  # -> what `attend` receives
 
 
-TORCH_ATTENTION = AttentionBackend(write=PagedKVCache.write, attend=paged_attention_torch)
+TORCH_ATTENTION = AttentionBackend(attend=paged_attention_torch)
 
 
 class PagedAttention:

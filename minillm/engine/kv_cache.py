@@ -28,7 +28,7 @@ class PagedKVCache:
             torch.zeros(shape, dtype=dtype, device=device),
             torch.zeros(shape, dtype=dtype, device=device),
         )
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
 
     @classmethod
     def for_model(
@@ -42,3 +42,12 @@ class PagedKVCache:
         "Store new tokens' k, v [T, kv_heads, head_dim] at their slots [T]."
         self.k[layer].view(-1, *k.shape[1:])[slot_mapping] = k
         self.v[layer].view(-1, *v.shape[1:])[slot_mapping] = v
+
+    def read(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "K and V of these blocks ([..., block_size, kv_heads, head_dim] each), in `dtype`."
+        return self.k[layer, blocks], self.v[layer, blocks]
+
+    @property
+    def nbytes(self) -> int:
+        "The pool's memory."
+        return 2 * self.k.numel() * self.k.element_size()

@@ -82,6 +82,7 @@ class EngineConfig:
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
     tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
     quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits (chapter 13)
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "int8" or "fp8" (chapter 13)
     speculative_config: dict | None = None  # draft tokens to verify per step (chapter 12)
 
     def resolved(self) -> "EngineConfig":
@@ -100,6 +101,10 @@ class EngineConfig:
             from minillm.quantization.loader import check_quantization
 
             check_quantization(self.quantization, self.model, device, self.tensor_parallel_size)
+        if self.kv_cache_dtype != "auto":  # chapter 13
+            from minillm.quantization.kv_cache import check_kv_cache_dtype
+
+            check_kv_cache_dtype(self.kv_cache_dtype)
         return dataclasses.replace(self, device=device, dtype=dtype)
 
 
@@ -249,6 +254,7 @@ def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) ->
         cfg.gpu_memory_utilization,
         baseline,
         int(extra),
+        cfg.kv_cache_dtype,
     )
 
 
@@ -275,6 +281,7 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
         cuda_graph_max_batch=0 if cfg.enforce_eager or tp else cfg.max_num_seqs,
         max_model_len=max_model_len,
         seed=cfg.seed,
+        kv_cache_dtype=cfg.kv_cache_dtype,
     )
 
 

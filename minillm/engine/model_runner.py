@@ -8,11 +8,13 @@ Docs: https://minillm.github.io/minillm/model_runner.html.md"""
 __all__ = [
     "logger",
     "ATTENTION_BACKENDS",
+    "QUANTIZED_KV_BACKENDS",
     "triton_usable",
     "cpu_usable",
     "resolve_attention_backend",
     "load_attention_backend",
     "kv_block_bytes",
+    "make_kv_cache",
     "cuda_memory_snapshot",
     "num_kv_blocks_for_memory",
     "profile_run",
@@ -39,6 +41,7 @@ logger = logging.getLogger("minillm")
 
 # %% ../../nbs/07a_model_runner.ipynb #f43803ff
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+QUANTIZED_KV_BACKENDS = ("cpu", "torch")  # the backends that read an int8/fp8 KV pool (chapter 13)
 
 
 def triton_usable(device: torch.device, head_dim: int) -> bool:
@@ -58,14 +61,25 @@ def cpu_usable(device: torch.device) -> bool:
     return cpu_kernels_available()
 
 
-def resolve_attention_backend(name: str, device: torch.device, head_dim: int) -> str:
+def resolve_attention_backend(
+    name: str, device: torch.device, head_dim: int, kv_cache_dtype: str = "auto"
+) -> str:
     """The backend to use: `name`, or for 'auto' the fastest one available on `device` for this
-    head_dim."""
+    head_dim and KV pool (chapter 13's int8/fp8 pools are read by the backends in
+    `QUANTIZED_KV_BACKENDS`)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"attention_backend {name!r} is not available; choose one of "
             f"{', '.join(ATTENTION_BACKENDS)}"
         )
+    if kv_cache_dtype != "auto":
+        if name == "auto":
+            name = "cpu" if "cpu" in QUANTIZED_KV_BACKENDS and cpu_usable(device) else "torch"
+        if name not in QUANTIZED_KV_BACKENDS:
+            raise ValueError(
+                f"kv_cache_dtype {kv_cache_dtype!r} is read by the attention backends "
+                f"{', '.join(QUANTIZED_KV_BACKENDS)}, not {name!r}; choose one of them"
+            )
     if name == "auto":
         if device.type == "cuda":
             return "triton" if triton_usable(device, head_dim) else "torch"
@@ -98,9 +112,24 @@ def load_attention_backend(name: str) -> AttentionBackend:
 
 
 # %% ../../nbs/07a_model_runner.ipynb #119b03f9
-def kv_block_bytes(cfg, block_size: int, dtype) -> int:
-    "Bytes of one KV block across all layers."
-    return block_size * kv_cache_bytes_per_token(cfg, dtype)
+def kv_block_bytes(cfg, block_size: int, dtype, kv_cache_dtype: str = "auto") -> int:
+    "Bytes of one KV block across all layers (in the model's dtype, or chapter 13's int8/fp8)."
+    if kv_cache_dtype == "auto":
+        return block_size * kv_cache_bytes_per_token(cfg, dtype)
+    from minillm.quantization.kv_cache import quantized_kv_bytes_per_token  # chapter 13
+
+    return block_size * quantized_kv_bytes_per_token(cfg, kv_cache_dtype)
+
+
+def make_kv_cache(
+    cfg, num_blocks: int, block_size: int, dtype, device, kv_cache_dtype: str = "auto"
+) -> PagedKVCache:
+    "The KV pool: in the model's dtype, or in chapter 13's int8/fp8 with scales."
+    if kv_cache_dtype == "auto":
+        return PagedKVCache.for_model(cfg, num_blocks, block_size, dtype, device)
+    from minillm.quantization.kv_cache import QuantizedKVCache  # chapter 13
+
+    return QuantizedKVCache.for_model(cfg, num_blocks, block_size, dtype, device, kv_cache_dtype)
 
 
 def cuda_memory_snapshot(device: torch.device) -> tuple[int, int, int]:
@@ -118,6 +147,7 @@ def num_kv_blocks_for_memory(
     gpu_memory_utilization: float = 0.9,
     baseline: tuple | None = None,
     extra_bytes: int = 0,
+    kv_cache_dtype: str = "auto",
 ) -> int:
     """How many blocks fit. On CPU: in `kv_cache_memory_gb`. On CUDA (call after `profile_run`), as
     vLLM does: this instance may use `gpu_memory_utilization` of the device; from that go the peak
@@ -142,7 +172,7 @@ def num_kv_blocks_for_memory(
             available = free - 256 * 2**20
     else:
         available = kv_cache_memory_gb * 2**30
-    blocks = int(available // kv_block_bytes(cfg, block_size, dtype))
+    blocks = int(available // kv_block_bytes(cfg, block_size, dtype, kv_cache_dtype))
     if blocks < 1:
         raise RuntimeError(
             f"no memory left for the KV cache ({available / 2**30:.2f} GiB available)"
@@ -181,7 +211,7 @@ def profile_run(
     if len(logits):  # under tensor parallelism (chapter 11) only rank 0 holds logits and samples
         st = SamplingTensors.from_params([every_filter] * rows, model.config.vocab_size, device)
         sample(logits, st)
-    return 2 * cache.k.numel() * cache.k.element_size()
+    return cache.nbytes
 
 
 # %% ../../nbs/07a_model_runner.ipynb #4e9114ce
@@ -198,6 +228,7 @@ class ModelRunner:
         cuda_graph_max_batch: int = 0,
         max_model_len: int | None = None,
         seed: int = 0,
+        kv_cache_dtype: str = "auto",
     ):
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
@@ -213,11 +244,11 @@ class ModelRunner:
             self.packed_linears = pack_linear_weights(model)
 
         self.attention_backend = resolve_attention_backend(
-            attention_backend, self.device, model.config.head_dim
+            attention_backend, self.device, model.config.head_dim, kv_cache_dtype
         )
         self.backend = load_attention_backend(self.attention_backend)
-        self.cache = PagedKVCache.for_model(
-            model.config, num_blocks, block_size, self.dtype, self.device
+        self.cache = make_kv_cache(
+            model.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
         )
         self.graphs = None
         if (

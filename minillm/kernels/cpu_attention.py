@@ -38,6 +38,7 @@ CPU_ATTENTION_SOURCE = r"""
 #include <torch/library.h>
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -49,16 +50,49 @@ namespace {
 // once (pass 3).
 // kD is head_dim when known at compile time (0: the generic path uses D_). heads [h0, h1) only: a
 // batch smaller than the thread count splits a sequence's heads across threads instead.
-template <typename scalar_t, int64_t kD>
+// A one-byte pool (chapter 13: cache_t int8 or fp8) comes with a float scale per token and KV
+// head (ks, vs; nullptr for a float pool), applied as each row is read.
+template <typename cache_t>
+constexpr bool is_fp8 =
+    std::is_same_v<cache_t, c10::Float8_e4m3fn> || std::is_same_v<cache_t, c10::Float8_e5m2>;
+
+template <typename cache_t>
+const float* fp8_values() {  // the value of each of the 256 bytes, computed once: a lookup is
+  static const std::vector<float> table = [] {  // much faster than converting bit by bit
+    std::vector<float> values(256);
+    for (int b = 0; b < 256; ++b) values[b] = static_cast<float>(cache_t(b, cache_t::from_bits()));
+    return values;
+  }();
+  return table.data();
+}
+
+template <typename cache_t>
+void read_row(float* row, const cache_t* p, const float* sc, int64_t kh0, int64_t kh1,
+              int64_t D) {
+  for (int64_t kh = kh0; kh < kh1; ++kh) {
+    const float f = sc ? sc[kh] : 1.f;
+    if constexpr (is_fp8<cache_t>) {
+      const float* values = fp8_values<cache_t>();
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(p);
+      for (int64_t d = kh * D; d < (kh + 1) * D; ++d) row[d] = values[bytes[d]] * f;
+    } else {
+#pragma omp simd
+      for (int64_t d = kh * D; d < (kh + 1) * D; ++d) row[d] = static_cast<float>(p[d]) * f;
+    }
+  }
+}
+
+template <typename cache_t, int64_t kD>
 void decode_sequence(float* acc, std::vector<float>& s, float* row, const float* qf,
-                     const scalar_t* kc, const scalar_t* vc, const int32_t* table, int64_t len,
-                     int64_t h0, int64_t h1, int64_t G, int64_t Hkv, int64_t D_, int64_t bs) {
+                     const cache_t* kc, const cache_t* vc, const float* ks, const float* vs,
+                     const int32_t* table, int64_t len, int64_t h0, int64_t h1, int64_t G,
+                     int64_t Hkv, int64_t D_, int64_t bs) {
   const int64_t D = kD ? kD : D_;
   const int64_t tok = Hkv * D, blk = bs * tok, kh0 = h0 / G, kh1 = (h1 + G - 1) / G, nh = h1 - h0;
   s.resize(nh * len);
   for (int64_t t = 0; t < len; ++t) {
-    const scalar_t* kp = kc + int64_t(table[t / bs]) * blk + (t % bs) * tok;
-    for (int64_t d = kh0 * D; d < kh1 * D; ++d) row[d] = static_cast<float>(kp[d]);
+    const int64_t slot = int64_t(table[t / bs]) * bs + t % bs;
+    read_row<cache_t>(row, kc + slot * tok, ks ? ks + slot * Hkv : nullptr, kh0, kh1, D);
     for (int64_t h = h0; h < h1; ++h) {
       const float* qh = qf + h * D;
       const float* kr = row + (h / G) * D;
@@ -83,8 +117,8 @@ void decode_sequence(float* acc, std::vector<float>& s, float* row, const float*
   }
   std::fill(acc + h0 * D, acc + h1 * D, 0.f);
   for (int64_t t = 0; t < len; ++t) {
-    const scalar_t* vp = vc + int64_t(table[t / bs]) * blk + (t % bs) * tok;
-    for (int64_t d = kh0 * D; d < kh1 * D; ++d) row[d] = static_cast<float>(vp[d]);
+    const int64_t slot = int64_t(table[t / bs]) * bs + t % bs;
+    read_row<cache_t>(row, vc + slot * tok, vs ? vs + slot * Hkv : nullptr, kh0, kh1, D);
     for (int64_t h = h0; h < h1; ++h) {
       const float p = s[(h - h0) * len + t];
       const float* vr = row + (h / G) * D;
@@ -95,17 +129,17 @@ void decode_sequence(float* acc, std::vector<float>& s, float* row, const float*
   }
 }
 
-template <typename scalar_t, int64_t kD>
+template <typename scalar_t, typename cache_t, int64_t kD>
 void decode_all(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
-                const at::Tensor& v_cache, const at::Tensor& block_tables,
-                const at::Tensor& context_lens, const at::Tensor& cu_seqlens_q,
-                const at::Tensor& seq_ids, double scale) {
+                const at::Tensor& v_cache, const float* ks, const float* vs,
+                const at::Tensor& block_tables, const at::Tensor& context_lens,
+                const at::Tensor& cu_seqlens_q, const at::Tensor& seq_ids, double scale) {
   const int64_t B = seq_ids.size(0), H = q.size(1), D = q.size(2);
   const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv;
   const scalar_t* qp = q.data_ptr<scalar_t>();
   scalar_t* op = out.data_ptr<scalar_t>();
-  const scalar_t* kc = k_cache.data_ptr<scalar_t>();
-  const scalar_t* vc = v_cache.data_ptr<scalar_t>();
+  const cache_t* kc = static_cast<const cache_t*>(k_cache.const_data_ptr());
+  const cache_t* vc = static_cast<const cache_t*>(v_cache.const_data_ptr());
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
@@ -124,8 +158,8 @@ void decode_all(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
       for (int64_t h = h0; h < h1; ++h)
         for (int64_t d = 0; d < D; ++d)
           qf[h * D + d] = static_cast<float>(qp[r * q_row + h * q_head + d]) * float(scale);
-      decode_sequence<scalar_t, kD>(acc.data(), s, row.data(), qf.data(), kc, vc,
-                                    tables + seq * table_stride, lens[seq], h0, h1, G, Hkv, D, bs);
+      decode_sequence<cache_t, kD>(acc.data(), s, row.data(), qf.data(), kc, vc, ks, vs,
+                                   tables + seq * table_stride, lens[seq], h0, h1, G, Hkv, D, bs);
       for (int64_t h = h0; h < h1; ++h)
         for (int64_t d = 0; d < D; ++d)
           op[r * o_row + h * o_head + d] = static_cast<scalar_t>(acc[h * D + d]);
@@ -133,10 +167,17 @@ void decode_all(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
   });
 }
 
+template <typename T>
+struct Type {
+  using type = T;
+};
+
 void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache,
                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                   const at::Tensor& context_lens, const at::Tensor& cu_seqlens_q,
-                  const at::Tensor& seq_ids, double scale) {
+                  const at::Tensor& seq_ids, double scale,
+                  const std::optional<at::Tensor>& k_scale,
+                  const std::optional<at::Tensor>& v_scale) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && out.stride(2) == 1,
               "q and out must be [T, H, D] rows");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the KV pool must be contiguous");
@@ -144,18 +185,43 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
               cu_seqlens_q.scalar_type() == at::kInt && seq_ids.scalar_type() == at::kInt,
               "block tables, lengths and indices must be int32");
+  const auto pool = k_cache.scalar_type();
+  const bool one_byte = pool == at::kChar || pool == at::kFloat8_e4m3fn || pool == at::kFloat8_e5m2;
+  TORCH_CHECK(v_cache.scalar_type() == pool, "K and V pools must have one dtype");
+  TORCH_CHECK(one_byte ? k_scale && v_scale : pool == q.scalar_type(),
+              "a float pool must be in q's dtype; an int8/fp8 pool needs k_scale and v_scale");
+  const float* ks = nullptr;
+  const float* vs = nullptr;
+  if (one_byte) {
+    for (const auto* sc : {&*k_scale, &*v_scale})
+      TORCH_CHECK(sc->scalar_type() == at::kFloat && sc->is_contiguous() &&
+                      sc->numel() == k_cache.numel() / k_cache.size(3),
+                  "scales must be contiguous float32, one per token and KV head");
+    ks = k_scale->data_ptr<float>();
+    vs = v_scale->data_ptr<float>();
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    auto run = [&](auto head_dim) {
-      decode_all<scalar_t, decltype(head_dim)::value>(out, q, k_cache, v_cache, block_tables,
-                                                      context_lens, cu_seqlens_q, seq_ids, scale);
+    auto with_pool = [&](auto pool_type) {
+      using cache_t = typename decltype(pool_type)::type;
+      auto run = [&](auto head_dim) {
+        decode_all<scalar_t, cache_t, decltype(head_dim)::value>(
+            out, q, k_cache, v_cache, ks, vs, block_tables, context_lens, cu_seqlens_q, seq_ids,
+            scale);
+      };
+      switch (q.size(2)) {
+        case 32: run(std::integral_constant<int64_t, 32>{}); break;
+        case 64: run(std::integral_constant<int64_t, 64>{}); break;
+        case 96: run(std::integral_constant<int64_t, 96>{}); break;
+        case 128: run(std::integral_constant<int64_t, 128>{}); break;
+        case 256: run(std::integral_constant<int64_t, 256>{}); break;
+        default: run(std::integral_constant<int64_t, 0>{});
+      }
     };
-    switch (q.size(2)) {
-      case 32: run(std::integral_constant<int64_t, 32>{}); break;
-      case 64: run(std::integral_constant<int64_t, 64>{}); break;
-      case 96: run(std::integral_constant<int64_t, 96>{}); break;
-      case 128: run(std::integral_constant<int64_t, 128>{}); break;
-      case 256: run(std::integral_constant<int64_t, 256>{}); break;
-      default: run(std::integral_constant<int64_t, 0>{});
+    switch (pool) {
+      case at::kChar: with_pool(Type<int8_t>{}); break;
+      case at::kFloat8_e4m3fn: with_pool(Type<c10::Float8_e4m3fn>{}); break;
+      case at::kFloat8_e5m2: with_pool(Type<c10::Float8_e5m2>{}); break;
+      default: with_pool(Type<scalar_t>{});
     }
   });
 }
@@ -165,7 +231,7 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache
 TORCH_LIBRARY(minillm, m) {
   m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
         "Tensor block_tables, Tensor context_lens, Tensor cu_seqlens_q, Tensor seq_ids, "
-        "float scale) -> ()");
+        "float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("paged_decode", &paged_decode); }
@@ -237,6 +303,7 @@ def paged_attention_cpu(
     out = torch.empty_like(q)
     md = plan.metadata
     if len(plan.decode_seqs):
+        quantized = hasattr(cache, "k_scale")  # chapter 13's int8/fp8 pool: scales per token, head
         load_cpu_kernels()(
             out,
             q,
@@ -247,11 +314,11 @@ def paged_attention_cpu(
             md.cu_seqlens_q,
             plan.decode_seqs,
             plan.scale,
+            cache.k_scale[layer] if quantized else None,
+            cache.v_scale[layer] if quantized else None,
         )
     attend_one_by_one(cache, layer, q, md, plan.prefill_seqs, out)
     return out
 
 
-CPU_ATTENTION = AttentionBackend(
-    write=PagedKVCache.write, attend=paged_attention_cpu, prepare=plan_cpu_attention
-)
+CPU_ATTENTION = AttentionBackend(attend=paged_attention_cpu, prepare=plan_cpu_attention)

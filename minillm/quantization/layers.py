@@ -1,4 +1,4 @@
-"""Fewer bytes per weight: int8 and int4 layers, and the GGUF file served as it ships.
+"""Fewer bytes per weight and per cached token: int8/int4 layers, GGUF as shipped, int8/fp8 KV.
 
 Docs: https://minillm.github.io/minillm/quantization.html.md"""
 
@@ -57,6 +57,10 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales.to(x.dtype))
+        elif x.is_cuda:  # the Triton kernel below, which dequantizes tiles inside the matmul
+            from minillm.quantization.triton_linear import int8_matmul
+
+            y = int8_matmul(x2, self.qweight, self.scales)
         else:  # the reference: dequantize, then multiply
             y = F.linear(x2, self.dequantize().to(x.dtype))
         if self.bias is not None:
@@ -68,9 +72,10 @@ class Int4Linear(nn.Module):
     """y = x Wᵀ (+ b) with W in 4 bits, group-wise: w = (q - 8) x scale + zero for each group of
     `group_size` inputs of an output row. GGUF's Q4_0 (w = d (q - 8)) has zero 0; Q4_1
     (w = d q + m) has zero m + 8 d. On CPU the weight is kept only in the layout of PyTorch's
-    int4 kernel; elsewhere as two 4-bit values per byte."""
+    int4 kernel; elsewhere (or with `cpu_layout=False`) as two 4-bit values per byte, low nibble
+    first, the layout of the Triton kernel."""
 
-    def __init__(self, q, scales, zeros, group_size: int = QK, bias=None):
+    def __init__(self, q, scales, zeros, group_size: int = QK, bias=None, cpu_layout=None):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.group_size = group_size
@@ -78,7 +83,7 @@ class Int4Linear(nn.Module):
         # [K / g, N, 2]: the kernel's layout of each group's (scale, zero)
         sz = torch.stack([scales.float(), zeros.float()], -1).transpose(0, 1).contiguous()
         self.register_buffer("scales_zeros", sz)
-        if q.device.type == "cpu":
+        if q.device.type == "cpu" if cpu_layout is None else cpu_layout:
             packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
             self.register_buffer("cpu_packed", packed)
             self.qweight = None
@@ -110,6 +115,10 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if self.cpu_packed is not None and x.dtype in (torch.float32, torch.bfloat16):
             y = self._cpu_mm(x2)
+        elif x.is_cuda:  # the Triton kernel below
+            from minillm.quantization.triton_linear import int4_matmul
+
+            y = int4_matmul(x2, self.qweight, self.scales_zeros, self.group_size)
         else:
             y = F.linear(x2, self.dequantize().to(x.dtype))
         if self.bias is not None:
