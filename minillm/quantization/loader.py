@@ -230,8 +230,9 @@ def check_quantization(scheme: str, model, device: str, tensor_parallel_size: in
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {scheme!r}")
     if device != "cpu":
         raise ValueError(
-            "quantized weights run on CPU only so far (minillm has no GPU kernel for them yet); "
-            "use device='cpu' or quantization=None"
+            "quantized weights run on CPU only so far (the Triton kernels are tested under the "
+            "interpreter but have not served a model on a GPU yet); use device='cpu' or "
+            "quantization=None"
         )
     if tensor_parallel_size > 1:
         raise ValueError("quantization does not combine with tensor parallelism yet")
