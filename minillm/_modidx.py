@@ -217,7 +217,9 @@ d = {
             "minillm.cli.cmd_bench_online": ("cli.html#cmd_bench_online", "minillm/cli.py"),
             "minillm.cli.cmd_chat": ("cli.html#cmd_chat", "minillm/cli.py"),
             "minillm.cli.cmd_generate": ("cli.html#cmd_generate", "minillm/cli.py"),
+            "minillm.cli.cmd_router": ("cli.html#cmd_router", "minillm/cli.py"),
             "minillm.cli.cmd_serve": ("cli.html#cmd_serve", "minillm/cli.py"),
+            "minillm.cli.engine_argv": ("cli.html#engine_argv", "minillm/cli.py"),
             "minillm.cli.engine_kwargs": ("cli.html#engine_kwargs", "minillm/cli.py"),
             "minillm.cli.json_object": ("cli.html#json_object", "minillm/cli.py"),
             "minillm.cli.main": ("cli.html#main", "minillm/cli.py"),
@@ -1572,6 +1574,117 @@ d = {
             "minillm.quantization.triton_linear.int8_matmul": (
                 "quantization.html#int8_matmul",
                 "minillm/quantization/triton_linear.py",
+            ),
+        },
+        "minillm.router.app": {
+            "minillm.router.app.Router": ("beyond_one_engine.html#router", "minillm/router/app.py"),
+            "minillm.router.app.Router.__init__": (
+                "beyond_one_engine.html#router.__init__",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.Router.choose": (
+                "beyond_one_engine.html#router.choose",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.Router.forward": (
+                "beyond_one_engine.html#router.forward",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.Router.get": (
+                "beyond_one_engine.html#router.get",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.Router.poll": (
+                "beyond_one_engine.html#router.poll",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.Router.refresh": (
+                "beyond_one_engine.html#router.refresh",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.build_router_app": (
+                "beyond_one_engine.html#build_router_app",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.error": ("beyond_one_engine.html#error", "minillm/router/app.py"),
+            "minillm.router.app.read_body": (
+                "beyond_one_engine.html#read_body",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.relay": ("beyond_one_engine.html#relay", "minillm/router/app.py"),
+            "minillm.router.app.replica_command": (
+                "beyond_one_engine.html#replica_command",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.replica_queue": (
+                "beyond_one_engine.html#replica_queue",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.serve_router": (
+                "beyond_one_engine.html#serve_router",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.start_replicas": (
+                "beyond_one_engine.html#start_replicas",
+                "minillm/router/app.py",
+            ),
+        },
+        "minillm.router.policy": {
+            "minillm.router.policy.LeastLoaded": (
+                "beyond_one_engine.html#leastloaded",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.LeastLoaded.choose": (
+                "beyond_one_engine.html#leastloaded.choose",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.PrefixAware": (
+                "beyond_one_engine.html#prefixaware",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.PrefixAware.__init__": (
+                "beyond_one_engine.html#prefixaware.__init__",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.PrefixAware.choose": (
+                "beyond_one_engine.html#prefixaware.choose",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.PrefixAware.remember": (
+                "beyond_one_engine.html#prefixaware.remember",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.Replica": (
+                "beyond_one_engine.html#replica",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.Replica.load": (
+                "beyond_one_engine.html#replica.load",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.RoundRobin": (
+                "beyond_one_engine.html#roundrobin",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.RoundRobin.__init__": (
+                "beyond_one_engine.html#roundrobin.__init__",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.RoundRobin.choose": (
+                "beyond_one_engine.html#roundrobin.choose",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.chunk_hashes": (
+                "beyond_one_engine.html#chunk_hashes",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.make_policy": (
+                "beyond_one_engine.html#make_policy",
+                "minillm/router/policy.py",
+            ),
+            "minillm.router.policy.routing_key": (
+                "beyond_one_engine.html#routing_key",
+                "minillm/router/policy.py",
             ),
         },
         "minillm.sampling": {

@@ -10,10 +10,12 @@ __all__ = [
     "json_object",
     "add_engine_flags",
     "engine_kwargs",
+    "engine_argv",
     "add_sampling_flags",
     "cmd_generate",
     "cmd_chat",
     "cmd_serve",
+    "cmd_router",
     "cmd_bench",
     "cmd_bench_online",
     "add_limit_flags",
@@ -113,6 +115,17 @@ def engine_kwargs(args) -> dict:
     )
 
 
+def engine_argv(args) -> list[str]:
+    "The engine flags of `args` that differ from the defaults, as a command line (for replicas)."
+    defaults, argv = EngineConfig(), []
+    for flag, (field, _, _) in ENGINE_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value != getattr(defaults, field):
+            argv += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    switches = ("no_prefix_caching", "no_chunked_prefill", "enforce_eager")
+    return argv + [f"--{s.replace('_', '-')}" for s in switches if getattr(args, s)]
+
+
 def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int):
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -197,6 +210,21 @@ def cmd_serve(args):
         args.protect_metrics,
         **engine_kwargs(args),
     )
+
+
+def cmd_router(args):  # chapter 14
+    from contextlib import ExitStack
+
+    from minillm.router.app import serve_router, start_replicas
+
+    if bool(args.replica) == bool(args.replicas):
+        raise ValueError(
+            "give running replicas (--replica URL, repeated) or --replicas N, not both"
+        )
+    policy_kwargs = {"balance": args.balance} if args.policy == "prefix_aware" else {}
+    with ExitStack() as stack:
+        urls = args.replica or start_replicas(stack, args.replicas, engine_argv(args))
+        serve_router(args.host, args.port, urls, args.policy, args.log_level, **policy_kwargs)
 
 
 def cmd_bench(args):
@@ -329,6 +357,36 @@ def parser() -> argparse.ArgumentParser:
     add_sampling_flags(g, 256)
     add_engine_flags(g)
     g.set_defaults(func=cmd_generate)
+    r = sub.add_parser("router", help="one OpenAI endpoint in front of several replicas")
+    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--port", type=int, default=8000)
+    r.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a replica's base URL (repeat)",
+    )
+    r.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="start N `minillm serve` replicas (engine flags below)",
+    )
+    r.add_argument(
+        "--policy",
+        default="prefix_aware",
+        help="prefix_aware (default), least_loaded or round_robin",
+    )
+    r.add_argument(
+        "--balance",
+        type=int,
+        default=4,
+        help="prefix_aware: most extra requests a replica takes for its cached prefix (default 4)",
+    )
+    r.add_argument("--log-level", default="info")
+    add_engine_flags(r)
+    r.set_defaults(func=cmd_router)
     c = sub.add_parser("chat", help="an interactive conversation")
     c.add_argument("--system", default=None, help="a system prompt")
     add_sampling_flags(c, 512)

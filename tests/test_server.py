@@ -293,3 +293,15 @@ def test_bad_chat_requests_and_auth(server, client):
         is not None
     )
     wait_pool_free(server)
+
+
+def test_long_message_content_is_accepted_and_parts_are_bounded():
+    # a message's string may be long (a system prompt of a few KB); only lists of parts are bounded
+    from pydantic import ValidationError
+
+    from minillm.server.protocol import MAX_PARTS, ChatMessage
+
+    assert ChatMessage(role="system", content="x" * 5000).as_dict()["content"] == "x" * 5000
+    parts = [{"type": "text", "text": "a"}] * (MAX_PARTS + 1)
+    with pytest.raises(ValidationError):
+        ChatMessage(role="user", content=parts)

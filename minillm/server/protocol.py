@@ -23,7 +23,7 @@ __all__ = [
 # %% ../../nbs/09_serving.ipynb #97593025
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -231,7 +231,8 @@ class CompletionRequest(SamplingFields):
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = Field(None, max_length=MAX_PARTS)
+    # the bound is on the parts of a list; a string's length is `_checked_text`'s to judge
+    content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_PARTS)] | None = None
 
     def as_dict(self) -> dict:
         "The message as a chat template expects it ('developer' is the newer name of 'system')."
