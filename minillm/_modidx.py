@@ -1397,10 +1397,6 @@ d = {
                 "quantization.html#quantizedkvcache.__init__",
                 "minillm/quantization/kv_cache.py",
             ),
-            "minillm.quantization.kv_cache.QuantizedKVCache.for_model": (
-                "quantization.html#quantizedkvcache.for_model",
-                "minillm/quantization/kv_cache.py",
-            ),
             "minillm.quantization.kv_cache.QuantizedKVCache.nbytes": (
                 "quantization.html#quantizedkvcache.nbytes",
                 "minillm/quantization/kv_cache.py",

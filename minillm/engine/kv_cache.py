@@ -32,11 +32,11 @@ class PagedKVCache:
 
     @classmethod
     def for_model(
-        cls, cfg, num_blocks: int, block_size: int = 16, dtype=torch.float32, device="cpu"
+        cls, cfg, num_blocks: int, block_size: int = 16, dtype=torch.float32, device="cpu", **kw
     ):
-        return cls(
-            cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
-        )
+        "A pool shaped for a model's config (`kw`: a subclass's own options)."
+        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        return cls(*shape, dtype, device, **kw)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor):
         "Store new tokens' k, v [T, kv_heads, head_dim] at their slots [T]."

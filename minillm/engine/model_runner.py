@@ -129,7 +129,9 @@ def make_kv_cache(
         return PagedKVCache.for_model(cfg, num_blocks, block_size, dtype, device)
     from minillm.quantization.kv_cache import QuantizedKVCache  # chapter 13
 
-    return QuantizedKVCache.for_model(cfg, num_blocks, block_size, dtype, device, kv_cache_dtype)
+    return QuantizedKVCache.for_model(
+        cfg, num_blocks, block_size, dtype, device, kv_cache_dtype=kv_cache_dtype
+    )
 
 
 def cuda_memory_snapshot(device: torch.device) -> tuple[int, int, int]:

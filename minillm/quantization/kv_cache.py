@@ -86,19 +86,6 @@ class QuantizedKVCache(PagedKVCache):
         self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
 
-    @classmethod
-    def for_model(
-        cls,
-        cfg,
-        num_blocks: int,
-        block_size: int = 16,
-        dtype=torch.float32,
-        device="cpu",
-        kv_cache_dtype: str = "int8",
-    ):
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        return cls(*shape, dtype, device, kv_cache_dtype)
-
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor):
         "Quantize new tokens' k, v [T, kv_heads, head_dim] and store them, with their scales."
         for pool, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
