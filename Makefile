@@ -56,8 +56,10 @@ nbs: $(STAMP)  ## execute notebooks in place, one at a time (measurements do not
 
 test: lint test-nbs test-py
 
+# Two notebooks at a time, each in a fresh process: nbdev-test's own workers run many notebooks per process, and
+# what each leaves in memory (engines, pools) adds up past what a CI machine has.
 test-nbs: $(STAMP)
-	$(NB_ENV) $(BIN)/nbdev-test --n-workers 2
+	printf '%s\n' nbs/*.ipynb | env $(NB_ENV) xargs -P 2 -n 1 $(BIN)/nbdev-test --n-workers 1
 
 test-py: $(STAMP)
 	$(BIN)/python -m pytest tests
