@@ -216,6 +216,7 @@ d = {
             "minillm.cli.cmd_bench": ("cli.html#cmd_bench", "minillm/cli.py"),
             "minillm.cli.cmd_bench_online": ("cli.html#cmd_bench_online", "minillm/cli.py"),
             "minillm.cli.cmd_chat": ("cli.html#cmd_chat", "minillm/cli.py"),
+            "minillm.cli.cmd_disagg": ("cli.html#cmd_disagg", "minillm/cli.py"),
             "minillm.cli.cmd_generate": ("cli.html#cmd_generate", "minillm/cli.py"),
             "minillm.cli.cmd_router": ("cli.html#cmd_router", "minillm/cli.py"),
             "minillm.cli.cmd_serve": ("cli.html#cmd_serve", "minillm/cli.py"),
@@ -549,6 +550,184 @@ d = {
             "minillm.engine.kv_cache.PagedKVCache.write": (
                 "paged_attention.html#pagedkvcache.write",
                 "minillm/engine/kv_cache.py",
+            ),
+        },
+        "minillm.engine.kv_transfer": {
+            "minillm.engine.kv_transfer.Incoming": (
+                "beyond_one_engine.html#incoming",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector": (
+                "beyond_one_engine.html#kvconnector",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.__init__": (
+                "beyond_one_engine.html#kvconnector.__init__",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector._run": (
+                "beyond_one_engine.html#kvconnector._run",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.admit": (
+                "beyond_one_engine.html#kvconnector.admit",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.close": (
+                "beyond_one_engine.html#kvconnector.close",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.discard": (
+                "beyond_one_engine.html#kvconnector.discard",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.finished": (
+                "beyond_one_engine.html#kvconnector.finished",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.num_pending": (
+                "beyond_one_engine.html#kvconnector.num_pending",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.start": (
+                "beyond_one_engine.html#kvconnector.start",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.stats": (
+                "beyond_one_engine.html#kvconnector.stats",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConnector.take": (
+                "beyond_one_engine.html#kvconnector.take",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer": (
+                "beyond_one_engine.html#kvconsumer",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer.__init__": (
+                "beyond_one_engine.html#kvconsumer.__init__",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer._place": (
+                "beyond_one_engine.html#kvconsumer._place",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer._pull": (
+                "beyond_one_engine.html#kvconsumer._pull",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer._run": (
+                "beyond_one_engine.html#kvconsumer._run",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer.admit": (
+                "beyond_one_engine.html#kvconsumer.admit",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer.close": (
+                "beyond_one_engine.html#kvconsumer.close",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer.discard": (
+                "beyond_one_engine.html#kvconsumer.discard",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer.num_pending": (
+                "beyond_one_engine.html#kvconsumer.num_pending",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer.producer_alive": (
+                "beyond_one_engine.html#kvconsumer.producer_alive",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVConsumer.take": (
+                "beyond_one_engine.html#kvconsumer.take",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVLink": (
+                "beyond_one_engine.html#kvlink",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVLink.__init__": (
+                "beyond_one_engine.html#kvlink.__init__",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVLink.connect": (
+                "beyond_one_engine.html#kvlink.connect",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVLink.group": (
+                "beyond_one_engine.html#kvlink.group",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVProducer": (
+                "beyond_one_engine.html#kvproducer",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVProducer.__init__": (
+                "beyond_one_engine.html#kvproducer.__init__",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVProducer._run": (
+                "beyond_one_engine.html#kvproducer._run",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVProducer._send": (
+                "beyond_one_engine.html#kvproducer._send",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVProducer._serve": (
+                "beyond_one_engine.html#kvproducer._serve",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVProducer._take": (
+                "beyond_one_engine.html#kvproducer._take",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVProducer.finished": (
+                "beyond_one_engine.html#kvproducer.finished",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.Outgoing": (
+                "beyond_one_engine.html#outgoing",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.block_layout": (
+                "beyond_one_engine.html#block_layout",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.check_kv_transfer": (
+                "beyond_one_engine.html#check_kv_transfer",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.check_kv_transfer_params": (
+                "beyond_one_engine.html#check_kv_transfer_params",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.gather_blocks": (
+                "beyond_one_engine.html#gather_blocks",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.make_kv_connector": (
+                "beyond_one_engine.html#make_kv_connector",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.prompt_digest": (
+                "beyond_one_engine.html#prompt_digest",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.scatter_blocks": (
+                "beyond_one_engine.html#scatter_blocks",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.split_address": (
+                "beyond_one_engine.html#split_address",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.transferred_tokens": (
+                "beyond_one_engine.html#transferred_tokens",
+                "minillm/engine/kv_transfer.py",
             ),
         },
         "minillm.engine.llm_engine": {
@@ -1625,6 +1804,48 @@ d = {
                 "minillm/router/app.py",
             ),
         },
+        "minillm.router.disagg": {
+            "minillm.router.disagg.DisaggProxy": (
+                "beyond_one_engine.html#disaggproxy",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.DisaggProxy.__init__": (
+                "beyond_one_engine.html#disaggproxy.__init__",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.DisaggProxy._decode": (
+                "beyond_one_engine.html#disaggproxy._decode",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.DisaggProxy._prefill": (
+                "beyond_one_engine.html#disaggproxy._prefill",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.DisaggProxy.forward": (
+                "beyond_one_engine.html#disaggproxy.forward",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.build_disagg_app": (
+                "beyond_one_engine.html#build_disagg_app",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.prefill_body": (
+                "beyond_one_engine.html#prefill_body",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.serve_disaggregated": (
+                "beyond_one_engine.html#serve_disaggregated",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.splittable": (
+                "beyond_one_engine.html#splittable",
+                "minillm/router/disagg.py",
+            ),
+            "minillm.router.disagg.start_disaggregated": (
+                "beyond_one_engine.html#start_disaggregated",
+                "minillm/router/disagg.py",
+            ),
+        },
         "minillm.router.policy": {
             "minillm.router.policy.LeastLoaded": (
                 "beyond_one_engine.html#leastloaded",
@@ -1951,6 +2172,10 @@ d = {
             ),
             "minillm.server.metrics.ServerMetrics.__init__": (
                 "serving.html#servermetrics.__init__",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics.ServerMetrics._count_transfers": (
+                "serving.html#servermetrics._count_transfers",
                 "minillm/server/metrics.py",
             ),
             "minillm.server.metrics.ServerMetrics.on_step": (

@@ -16,6 +16,7 @@ __all__ = [
     "cmd_chat",
     "cmd_serve",
     "cmd_router",
+    "cmd_disagg",
     "cmd_bench",
     "cmd_bench_online",
     "add_limit_flags",
@@ -85,6 +86,16 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
         "speculative_config",
         lambda text: json_object(text, "--speculative-config"),
         'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+    ),
+    "--kv-role": (
+        "kv_role",
+        str,
+        "producer (prefills, keeps each prompt's KV for the consumer) or consumer (decodes)",
+    ),
+    "--kv-transfer-address": (
+        "kv_transfer_address",
+        str,
+        "host:port of the KV transfer store, which the consumer hosts (chapter 14)",
     ),
 }
 
@@ -225,6 +236,20 @@ def cmd_router(args):  # chapter 14
     with ExitStack() as stack:
         urls = args.replica or start_replicas(stack, args.replicas, engine_argv(args))
         serve_router(args.host, args.port, urls, args.policy, args.log_level, **policy_kwargs)
+
+
+def cmd_disagg(args):  # chapter 14
+    from contextlib import ExitStack
+
+    from minillm.router.disagg import serve_disaggregated, start_disaggregated
+
+    if bool(args.prefill) != bool(args.decode):
+        raise ValueError("give both --prefill URL and --decode URL, or neither to start both")
+    with ExitStack() as stack:
+        urls = {"prefill": args.prefill, "decode": args.decode}
+        if not args.prefill:
+            urls, _ = start_disaggregated(stack, engine_argv(args))
+        serve_disaggregated(args.host, args.port, urls["prefill"], urls["decode"], args.log_level)
 
 
 def cmd_bench(args):
@@ -387,6 +412,16 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--log-level", default="info")
     add_engine_flags(r)
     r.set_defaults(func=cmd_router)
+    d = sub.add_parser(
+        "disagg", help="one OpenAI endpoint over a prefill instance and a decode instance"
+    )
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8000)
+    d.add_argument("--prefill", default=None, metavar="URL", help="a running producer's base URL")
+    d.add_argument("--decode", default=None, metavar="URL", help="a running consumer's base URL")
+    d.add_argument("--log-level", default="info")
+    add_engine_flags(d)
+    d.set_defaults(func=cmd_disagg)
     c = sub.add_parser("chat", help="an interactive conversation")
     c.add_argument("--system", default=None, help="a system prompt")
     add_sampling_flags(c, 512)

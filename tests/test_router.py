@@ -109,7 +109,7 @@ def free_and_total(url: str) -> tuple[float, float]:
 def test_router_in_front_of_real_replicas(model_dir, tmp_path):
     from minillm import LLM, SamplingParams
 
-    flags = ("--kv-cache-memory-gb", "0.1")
+    flags = ("--kv-cache-memory-gb", "0.1", "--dtype", "float32")
     with (
         minillm_serve(model_dir, tmp_path / "r0.log", *flags) as (url0, proc0),
         minillm_serve(model_dir, tmp_path / "r1.log", *flags) as (url1, _),

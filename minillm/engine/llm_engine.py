@@ -84,6 +84,8 @@ class EngineConfig:
     quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits (chapter 13)
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "int8" or "fp8" (chapter 13)
     speculative_config: dict | None = None  # draft tokens to verify per step (chapter 12)
+    kv_role: str | None = None  # "producer" (prefills) or "consumer" (decodes) (chapter 14)
+    kv_transfer_address: str | None = None  # host:port of the consumer's transfer store
 
     def resolved(self) -> "EngineConfig":
         "A copy with 'auto' settled for this machine."
@@ -105,6 +107,10 @@ class EngineConfig:
             from minillm.quantization.kv_cache import check_kv_cache_dtype
 
             check_kv_cache_dtype(self.kv_cache_dtype)
+        if self.kv_role is not None:  # chapter 14
+            from minillm.engine.kv_transfer import check_kv_transfer
+
+            check_kv_transfer(self)
         return dataclasses.replace(self, device=device, dtype=dtype)
 
 
@@ -337,6 +343,11 @@ class LLMEngine:
             self.tokenizer, mcfg.vocab_size, self.eos_token_ids
         )
         self.requests: dict[str, Request] = {}
+        self.kv_connector = None
+        if cfg.kv_role is not None:  # chapter 14: prefill here and decode there, or the reverse
+            from minillm.engine.kv_transfer import make_kv_connector
+
+            self.kv_connector = make_kv_connector(cfg, self.runner.cache, self.scheduler)
         self._ids, self._seq_ids = itertools.count(), itertools.count()
 
     def make_request(
@@ -345,6 +356,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> Request:
         """Check a prompt and its parameters and build its Request, without queueing it (no engine
         state changes)."""
@@ -380,6 +392,10 @@ class LLMEngine:
             from minillm.engine.logits_processor import prepare_request
 
             prepare_request(req, self.tokenizer, vocab, self.structured_outputs)
+        if kv_transfer_params is not None:  # chapter 14
+            from minillm.engine.kv_transfer import check_kv_transfer_params
+
+            req.kv_transfer_params = check_kv_transfer_params(kv_transfer_params, self.kv_connector)
         self.scheduler.check(req)  # refuses a request that could never fit in the pool
         return req
 
@@ -414,16 +430,19 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> Request:
         """Queue a prompt (text or token ids); return the request object, which the engine updates
         in place."""
-        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time))
+        req = self.make_request(prompt, params, request_id, arrival_time, kv_transfer_params)
+        return self.enqueue(req)
 
     def enqueue(self, req: Request) -> Request:
         "Queue a request built by `make_request`."
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
-        self.scheduler.add(req)
+        if self.kv_connector is None or not self.kv_connector.take(req):
+            self.scheduler.add(req)  # (chapter 14: unless its KV blocks are on their way)
         self.requests[req.request_id] = req
         return req
 
@@ -432,14 +451,19 @@ class LLMEngine:
         running."""
         req = self.requests.pop(request_id, None)
         if req is not None:
+            if self.kv_connector is not None:
+                self.kv_connector.discard(req)
             self.scheduler.finish(req, "abort")
         return req is not None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        pending = self.kv_connector.num_pending if self.kv_connector is not None else 0
+        return self.scheduler.num_unfinished + pending > 0
 
     def step(self) -> list[RequestOutput]:
         "Run one iteration; return an output for every request that produced a token or failed."
+        if self.kv_connector is not None:  # chapter 14: requests whose KV blocks have landed
+            self.kv_connector.admit(idle=self.scheduler.num_unfinished == 0)
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
@@ -516,6 +540,8 @@ class LLMEngine:
     def _emit(self, req: Request, tokens: list[int], delta: str) -> RequestOutput:
         "The request's output of this step, its new tokens added; finish it if it is done."
         if req.stream.finished:
+            if self.kv_connector is not None:  # chapter 14: its blocks, before they are freed
+                self.kv_connector.finished(req)
             self.scheduler.finish(req, req.stream.finish_reason)
             self.requests.pop(req.request_id, None)
         return request_output(req, delta, tokens)
@@ -531,3 +557,5 @@ class LLMEngine:
     def shutdown(self):
         "Stop what the engine runs beside this process (chapter 11's workers); safe to call twice."
         self.runner.shutdown()
+        if self.kv_connector is not None:
+            self.kv_connector.close()

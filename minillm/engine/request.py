@@ -53,6 +53,7 @@ class Request(Sequence):
     logprobs: list = field(default_factory=list)  # per output token, when asked (chapter 12b)
     new_logprobs: list = field(default_factory=list)  # the sampler's, of this step's new tokens
     prompt_logprobs: list | None = None  # per prompt token (None for the first), when asked
+    kv_transfer_params: dict | None = None  # whose KV blocks travel between engines (chapter 14)
 
     def __post_init__(self):
         self.prompt_len = self.prompt_len or len(self.token_ids)

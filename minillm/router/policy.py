@@ -1,4 +1,4 @@
-"""A fleet of engines behind one endpoint: routing requests where their prefixes are cached.
+"""A fleet of engines: requests routed to their cached prefixes; prefill and decode apart.
 
 Docs: https://minillm.github.io/minillm/beyond_one_engine.html.md"""
 

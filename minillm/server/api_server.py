@@ -125,26 +125,30 @@ class Admission:
         params: SamplingParams,
         chat_messages: list | None = None,
         tools: list | None = None,
+        kv_transfer_params: dict | None = None,
     ):
         """The engine requests of every (prompt, sample), built in a worker thread; APIError(400) if
         any is bad."""
         loop = asyncio.get_running_loop()
+        build = self._build, prompts, params, chat_messages, tools, kv_transfer_params
         try:
-            return await loop.run_in_executor(
-                self.pool, self._build, prompts, params, chat_messages, tools
-            )
+            return await loop.run_in_executor(self.pool, *build)
         except ValueError as e:
             raise APIError(400, str(e)) from None
 
-    def _build(self, prompts: list, params: SamplingParams, chat_messages, tools):
+    def _build(self, prompts: list, params: SamplingParams, chat_messages, tools, kv_params):
         engine = self.aeng.engine
+        if kv_params is not None and len(prompts) * params.n > 1:
+            raise ValueError("kv_transfer_params is for one prompt and n=1 (chapter 14)")
         if chat_messages is not None:
             try:
                 prompts = [encode_chat(engine.tokenizer, chat_messages, tools)]
             except Exception as e:  # the template's own checks (roles that must alternate...)
                 raise ValueError(f"the chat template refused these messages: {e}") from None
         return [
-            engine.make_request(p, sp, uuid.uuid4().hex) for p in prompts for sp in params.fan_out()
+            engine.make_request(p, sp, uuid.uuid4().hex, kv_transfer_params=kv_params)
+            for p in prompts
+            for sp in params.fan_out()
         ]
 
     def observe_ttft(self, seconds: float):
@@ -349,7 +353,9 @@ def build_app(
     async def serve_request(raw, body, prompts, params, chat_messages=None, tool_mode="none"):
         admission.check_queue(len(prompts) * params.n)
         tools = body.tools if tool_mode != "none" else None
-        reqs = await admission.requests(prompts, params, chat_messages, tools)
+        reqs = await admission.requests(
+            prompts, params, chat_messages, tools, body.kv_transfer_params
+        )
         # the queue may have filled while this request was tokenized
         admission.check_queue(len(reqs))
         chat = chat_messages is not None

@@ -82,6 +82,16 @@ class ServerMetrics:
             "minillm_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r
         )
         self._spec_counted = (0, 0)  # the scheduler's totals when last counted
+        self.kv_transfers = Counter(
+            "minillm_kv_transfers", "KV transfers (chapter 14)", ["outcome"], registry=r
+        )
+        self.kv_transfer_tokens = Counter(
+            "minillm_kv_transfer_tokens", "Prompt tokens whose KV travelled", registry=r
+        )
+        self._kv_counted = {}  # the connector's totals when last counted
+        self.kv_peer = Gauge(
+            "minillm_kv_transfer_peer_alive", "1 if the other KV transfer side answers", registry=r
+        )
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]):
         "Called by the engine thread after every step (and after applying commands)."
@@ -96,6 +106,9 @@ class ServerMetrics:
         self.draft_tokens.inc(drafts - self._spec_counted[0])
         self.accepted_tokens.inc(accepted - self._spec_counted[1])
         self._spec_counted = (drafts, accepted)
+        if engine.kv_connector is not None:  # chapter 14
+            self._count_transfers(engine.kv_connector.stats())
+            self.kv_peer.set(int(engine.kv_connector.peer_alive))
         if outputs:
             self.batch.observe(len(outputs))
         for o in outputs:
@@ -110,6 +123,17 @@ class ServerMetrics:
                     self.itl.observe(times[i] - times[i - 1])
             if o.finished:
                 self.finished.labels(o.finish_reason).inc()
+
+    def _count_transfers(self, stats: dict):
+        "Advance the KV transfer counters to the connector's totals."
+        for key, total in stats.items():
+            new = total - self._kv_counted.get(key, 0)
+            if new:
+                counter = (
+                    self.kv_transfer_tokens if key == "tokens" else self.kv_transfers.labels(key)
+                )
+                counter.inc(new)
+            self._kv_counted[key] = total
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

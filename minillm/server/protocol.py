@@ -151,6 +151,7 @@ class SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # chapter 14: vLLM's name, set by a proxy
 
     def sampling_params(self, max_tokens: int | None, limits: ServerLimits) -> SamplingParams:
         "The engine's SamplingParams, checked against `limits`; APIError names a bad field."
