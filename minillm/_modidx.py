@@ -1777,6 +1777,10 @@ d = {
                 "beyond_one_engine.html#router.refresh",
                 "minillm/router/app.py",
             ),
+            "minillm.router.app.add_forwarding_routes": (
+                "beyond_one_engine.html#add_forwarding_routes",
+                "minillm/router/app.py",
+            ),
             "minillm.router.app.build_router_app": (
                 "beyond_one_engine.html#build_router_app",
                 "minillm/router/app.py",

@@ -64,6 +64,22 @@ def engines(model_dir):
         e.shutdown()
 
 
+def prefill_all(producer: LLMEngine, prompts, prefix: str):
+    for i, p in enumerate(prompts):
+        params = {"transfer_id": f"{prefix}{i}"}
+        producer.add_request(p, SamplingParams(max_tokens=1), kv_transfer_params=params)
+        drain(producer)
+
+
+def decode_all(consumer: LLMEngine, prompts, prefix: str) -> list:
+    reqs = [
+        consumer.add_request(p, GREEDY, kv_transfer_params={"transfer_id": f"{prefix}{i}"})
+        for i, p in enumerate(prompts)
+    ]
+    drain(consumer)
+    return reqs
+
+
 def expected(plain: LLMEngine, prompts, params=GREEDY) -> list[list[int]]:
     reqs = [plain.add_request(p, params) for p in prompts]
     drain(plain)
@@ -73,17 +89,10 @@ def expected(plain: LLMEngine, prompts, params=GREEDY) -> list[list[int]]:
 def test_transferred_prompts_decode_like_one_engine(engines):
     producer, consumer, plain = engines
     want = expected(plain, PROMPTS)
-    for i, p in enumerate(PROMPTS):
-        params = {"transfer_id": f"a{i}"}
-        producer.add_request(p, SamplingParams(max_tokens=1), kv_transfer_params=params)
-    drain(producer)
+    prefill_all(producer, PROMPTS, "a")
     before = consumer.kv_connector.stats()
     # the consumer's pool (12 blocks) holds two at a time: landed requests wait for room
-    reqs = [
-        consumer.add_request(p, GREEDY, kv_transfer_params={"transfer_id": f"a{i}"})
-        for i, p in enumerate(PROMPTS)
-    ]
-    drain(consumer)
+    reqs = decode_all(consumer, PROMPTS, "a")
     assert [r.output_ids for r in reqs] == want
     after = consumer.kv_connector.stats()
     assert after["done"] - before["done"] == 3  # "Hello" is one token: nothing to send
@@ -142,11 +151,7 @@ def test_a_consumer_without_producer_computes_alone(model_dir):
     plain = LLMEngine(model=str(model_dir), dtype="float32", num_kv_blocks=32)
     try:
         want = expected(plain, PROMPTS[:2])
-        reqs = [
-            consumer.add_request(p, GREEDY, kv_transfer_params={"transfer_id": f"n{i}"})
-            for i, p in enumerate(PROMPTS[:2])
-        ]
-        drain(consumer)
+        reqs = decode_all(consumer, PROMPTS[:2], "n")
         assert [r.output_ids for r in reqs] == want
         assert consumer.kv_connector.stats()["failed"] == 2
         assert_nothing_left(consumer, plain)
@@ -256,3 +261,22 @@ def test_proxy_in_front_of_real_instances(model_dir, tmp_path):
         assert reply.choices[0].text == direct.choices[0].text
         assert metric(base, 'minillm_disagg_requests_total{mode="prefill_failed"}') == 1
         assert metric(urls["decode"], "minillm_kv_cache_free_blocks") == 128
+
+
+def test_unpulled_copies_never_outgrow_their_bound(engines):
+    producer, consumer, plain = engines
+    prompts = ["First, a long prompt about rivers and seas. " * 4, "Then one about mountains. " * 6]
+    want = expected(plain, prompts)
+    sender = producer.kv_connector
+    bound, sender.max_bytes = sender.max_bytes, 1  # room for the newest copy only
+    try:
+        prefill_all(producer, prompts, "b")
+        assert list(sender.outbox) == ["b1"]
+    finally:
+        sender.max_bytes = bound
+    refused, done = consumer.kv_connector.stats()["refused"], consumer.kv_connector.stats()["done"]
+    reqs = decode_all(consumer, prompts, "b")
+    assert [r.output_ids for r in reqs] == want
+    stats = consumer.kv_connector.stats()
+    assert (stats["refused"] - refused, stats["done"] - done) == (1, 1)
+    assert_nothing_left(producer, consumer, plain)

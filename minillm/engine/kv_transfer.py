@@ -228,10 +228,11 @@ class KVProducer(KVConnector):
 
     role = "producer"
 
-    def __init__(self, *args, ttl: float = 60.0, **kwargs):
+    def __init__(self, *args, ttl: float = 60.0, max_bytes: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.ttl = ttl  # seconds a copy waits to be pulled
-        self.outbox: dict[str, Outgoing] = {}
+        self.max_bytes = max_bytes or self.cache.nbytes  # the copies never outgrow the pool
+        self.outbox: dict[str, Outgoing] = {}  # oldest first
         self._lock = threading.Lock()  # the outbox is filled on the engine thread
 
     def finished(self, req: Request):
@@ -242,6 +243,12 @@ class KVProducer(KVConnector):
         out = Outgoing(data, n, prompt_digest(req.token_ids[:n]), time.monotonic() + self.ttl)
         with self._lock:
             self.outbox[req.kv_transfer_params["transfer_id"]] = out
+            held = sum(o.data.nbytes for o in self.outbox.values())
+            while held > self.max_bytes and len(self.outbox) > 1:  # the oldest go first
+                key = next(iter(self.outbox))
+                held -= self.outbox.pop(key).data.nbytes
+                self.counts["failed"] += 1
+                logger.warning("the KV of %s was dropped unpulled: copies over %d bytes", key, held)
 
     def _take(self, transfer_id: str) -> Outgoing | None:
         "Pop one transfer's copy; drop the copies nobody pulled in time."
@@ -444,10 +451,12 @@ class KVConsumer(KVConnector):
             layout=block_layout(self.cache),
         )
         store.set(f"pull{n}", json.dumps(pull))
-        store.wait([f"reply{n}"])
-        reply = json.loads(store.get(f"reply{n}"))
-        store.delete_key(f"pull{n}")
-        store.delete_key(f"reply{n}")
+        try:
+            store.wait([f"reply{n}"])
+            reply = json.loads(store.get(f"reply{n}"))
+        finally:
+            store.delete_key(f"pull{n}")
+            store.delete_key(f"reply{n}")
         if reply["status"] != "ok":
             raise LookupError(reply["status"])
         k = self.cache.k

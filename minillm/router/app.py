@@ -11,6 +11,7 @@ __all__ = [
     "Router",
     "read_body",
     "relay",
+    "add_forwarding_routes",
     "build_router_app",
     "replica_command",
     "start_replicas",
@@ -169,6 +170,19 @@ def relay(upstream: httpx.Response, replica: Replica) -> StreamingResponse:
     return StreamingResponse(body(), status_code=upstream.status_code, headers=headers)
 
 
+def add_forwarding_routes(app: FastAPI, forward):
+    "POST /v1/completions and /v1/chat/completions, each handed to `await forward(raw, path)`."
+
+    def route(path: str):
+        async def endpoint(raw: HTTPRequest):
+            return await forward(raw, path)
+
+        return endpoint
+
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        app.add_api_route(path, route(path), methods=["POST"])
+
+
 def build_router_app(router: Router) -> FastAPI:
     "The router's HTTP API: the replicas' OpenAI endpoints, /health and its own /metrics."
 
@@ -180,14 +194,7 @@ def build_router_app(router: Router) -> FastAPI:
         await router.client.aclose()
 
     app = FastAPI(title="minillm router", lifespan=lifespan)
-
-    @app.post("/v1/completions")
-    async def completions(raw: HTTPRequest):
-        return await router.forward(raw, "/v1/completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(raw: HTTPRequest):
-        return await router.forward(raw, "/v1/chat/completions")
+    add_forwarding_routes(app, router.forward)
 
     @app.get("/v1/models")
     async def models(raw: HTTPRequest):

@@ -28,7 +28,15 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from .app import HOP_BY_HOP, error, read_body, relay, replica_command
+from minillm.router.app import (
+    HOP_BY_HOP,
+    add_forwarding_routes,
+    error,
+    read_body,
+    relay,
+    replica_command,
+)
+
 from .policy import Replica
 
 logger = logging.getLogger("minillm.disagg")
@@ -136,14 +144,7 @@ def build_disagg_app(proxy: DisaggProxy) -> FastAPI:
         await proxy.client.aclose()
 
     app = FastAPI(title="minillm disaggregated", lifespan=lifespan)
-
-    @app.post("/v1/completions")
-    async def completions(raw: HTTPRequest):
-        return await proxy.forward(raw, "/v1/completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(raw: HTTPRequest):
-        return await proxy.forward(raw, "/v1/chat/completions")
+    add_forwarding_routes(app, proxy.forward)
 
     @app.get("/v1/models")
     async def models(raw: HTTPRequest):
