@@ -56,13 +56,20 @@ nbs: $(STAMP)  ## execute notebooks in place, one at a time (measurements do not
 
 test: lint test-nbs test-py
 
-# Two notebooks at a time, each in a fresh process: nbdev-test's own workers run many notebooks per process, and
-# what each leaves in memory (engines, pools) adds up past what a CI machine has.
-test-nbs: $(STAMP)
-	printf '%s\n' nbs/*.ipynb | env $(NB_ENV) xargs -P 2 -n 1 $(BIN)/nbdev-test --n-workers 1
+# Tests run JOBS processes at a time, each with its share of the cores for torch's threads: two processes of
+# two threads on two cores took 2-3x the CPU time of two of one thread (waiting threads spin).
+JOBS ?= 2
+TEST_ENV = $(NB_ENV) OMP_NUM_THREADS=$(shell n=$$(($$(nproc) / $(JOBS))); echo $$((n > 0 ? n : 1)))
 
+# Each notebook in a fresh process: nbdev-test's own workers run many notebooks per process, and what each
+# leaves in memory (engines, pools) adds up past what a CI machine has. The later chapters are the longest:
+# they go first, so that the two queues end together.
+test-nbs: $(STAMP)
+	printf '%s\n' nbs/*.ipynb | sort -r | env $(TEST_ENV) xargs -P $(JOBS) -n 1 $(BIN)/nbdev-test --n-workers 1
+
+# Whole files to each worker (a file's server fixtures start once); the slowest tests are listed at the end.
 test-py: $(STAMP)
-	$(BIN)/python -m pytest tests
+	env $(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --durations=15 tests
 
 lint: $(STAMP)  ## ruff: notebooks, package (as `make export` writes it), tests and scripts formatted and lint-free
 	$(BIN)/ruff format --check -q nbs minillm tests scripts || (echo "run 'make export' (it formats) and commit" && false)

@@ -335,6 +335,10 @@ d = {
                 "quantization.html#fakequantizedcache.__init__",
                 "minillm/course/quantized.py",
             ),
+            "minillm.course.quantized.FakeQuantizedCache.near_tie": (
+                "quantization.html#fakequantizedcache.near_tie",
+                "minillm/course/quantized.py",
+            ),
             "minillm.course.quantized.FakeQuantizedCache.update": (
                 "quantization.html#fakequantizedcache.update",
                 "minillm/course/quantized.py",

@@ -93,8 +93,8 @@ def run_pytest(dry: bool):
         "tests/test_kernels.py",
         "tests/test_cuda_graphs.py",
     ]
-    if dry:
-        cmd += ["-k", "store_kv or graphs or backend_choice"]
+    if dry:  # the plumbing only: the suite runs these tests on CPU anyway
+        cmd += ["-k", "store_kv or backend_choice"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     log.info(r.stdout[-3000:])
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
@@ -324,7 +324,7 @@ def run_engine(dry: bool, device: str, workdir: Path):
 
     tiny = dict(num_hidden_layers=2, intermediate_size=256, vocab_size=1024) if dry else {}
     path = random_model_dir(workdir / "engine-qwen3", "Qwen3-0.6B", device=device, **tiny)
-    n, lo, hi = (4, 6, 12) if dry else (256, 100, 1024)
+    n, lo, hi = (2, 4, 8) if dry else (256, 100, 1024)
     w = random_workload(n, (lo, hi), (lo, hi), seed=0, vocab=(2, 1000 if dry else 100000))
     dtype = "float32" if dry else "bfloat16"
     setups = {

@@ -6,9 +6,17 @@
 __all__ = ["FakeQuantizedCache"]
 
 # %% ../../nbs/13_quantization.ipynb #556d534b
+import math
+
+import torch
 from transformers import DynamicCache
 
-from ..quantization.kv_cache import check_kv_cache_dtype, dequantize_kv, quantize_kv
+from minillm.quantization.kv_cache import (
+    check_kv_cache_dtype,
+    dequantize_kv,
+    largest,
+    quantize_kv,
+)
 
 
 class FakeQuantizedCache(DynamicCache):
@@ -18,6 +26,19 @@ class FakeQuantizedCache(DynamicCache):
     def __init__(self, kv_cache_dtype: str, **kwargs):
         super().__init__(**kwargs)
         self.storage = check_kv_cache_dtype(kv_cache_dtype)
+
+    @property
+    def near_tie(self) -> float:
+        """The logit gap, relative to the largest logit, that counts as a near-tie against this
+        reference: an eighth of one rounding step at a row's largest value, relative to it (int8:
+        1/127, so about 1e-3; fp8 e4m3: 32/448, about 9e-3). A value within an ulp of a rounding
+        boundary (minillm's fused qkv_proj sums in another order than transformers' q/k/v, and
+        BLAS in another order for another thread count) lands a whole step away."""
+        top = largest(self.storage)
+        if self.storage == torch.int8:
+            return 1 / top / 8
+        step = torch.finfo(self.storage).eps * 2 ** math.floor(math.log2(top))
+        return step / top / 8
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         def rounded(x):  # x [B, kv_heads, T, head_dim]: rows along head_dim, as in the pool
