@@ -201,6 +201,7 @@ BAD = [
     ({"prompt": "hi", "logit_bias": {"cat": 10}}, "logit_bias"),
     ({"prompt": "hi", "stop_token_ids": [10**6]}, "stop_token_ids"),
     ({"prompt": [10**6]}, "token ids"),
+    ({"prompt": "hi", "kv_transfer_params": {"transfer_id": "a"}}, "kv_role"),  # chapter 14
 ]
 
 
