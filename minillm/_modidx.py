@@ -465,6 +465,10 @@ d = {
                 "block_manager.html#blockmanager.num_free_blocks",
                 "minillm/engine/block_manager.py",
             ),
+            "minillm.engine.block_manager.BlockManager.record_lookup": (
+                "block_manager.html#blockmanager.record_lookup",
+                "minillm/engine/block_manager.py",
+            ),
             "minillm.engine.block_manager.BlockManager.usage": (
                 "block_manager.html#blockmanager.usage",
                 "minillm/engine/block_manager.py",
@@ -1704,6 +1708,10 @@ d = {
                 "quantization.html#_quantized_linear",
                 "minillm/quantization/loader.py",
             ),
+            "minillm.quantization.loader._served_as_shipped": (
+                "quantization.html#_served_as_shipped",
+                "minillm/quantization/loader.py",
+            ),
             "minillm.quantization.loader.blocks_to_float": (
                 "quantization.html#blocks_to_float",
                 "minillm/quantization/loader.py",
@@ -2180,6 +2188,10 @@ d = {
             ),
             "minillm.server.metrics.ServerMetrics.__init__": (
                 "serving.html#servermetrics.__init__",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics.ServerMetrics._advance": (
+                "serving.html#servermetrics._advance",
                 "minillm/server/metrics.py",
             ),
             "minillm.server.metrics.ServerMetrics._count_transfers": (

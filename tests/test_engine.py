@@ -66,13 +66,28 @@ def test_every_prompt_chunked(model_dir, prompts, references):
 
 def test_prefix_cache_hits(model_dir, prompts, references):
     llm = LLM(str(model_dir))
-    check(llm, prompts, references)  # the chat template's system prompt is shared
+    first = check(llm, prompts, references)  # the chat template's system prompt is shared
     outs = check(
         llm, prompts[:2] * 2, references[:2] * 2
     )  # and the same prompts again, twice in one call
     # the first call cached every full block of these prompts: each request now finds all of them
     # except a block that holds its last token, which must be computed
     assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // 16 * 16 for p in prompts[:2] * 2]
+    # the hit rate is prompt tokens found over prompt tokens looked up, each request counted once
+    bm = llm.engine.block_manager
+    assert bm.queries == sum(map(len, prompts)) + sum(map(len, prompts[:2] * 2))
+    assert bm.hits == sum(o.num_cached_tokens for o in first + outs) > 0
+
+
+def test_prefix_lookups_count_once_per_request(model_dir, prompts):
+    """A prompt that waits for blocks looks its prefix up every iteration, and a preempted one
+    looks up its own blocks again: the hit rate counts neither."""
+    llm = LLM(str(model_dir), num_kv_blocks=8, block_size=16, max_num_seqs=6)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    bm = llm.engine.block_manager
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert bm.queries == sum(map(len, prompts))
+    assert len(outs) == len(prompts) and bm.hits <= sum((len(p) - 1) // 16 * 16 for p in prompts)
 
 
 def test_everything_at_once(model_dir, prompts, references):

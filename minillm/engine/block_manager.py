@@ -67,7 +67,7 @@ class BlockManager:
             OrderedDict()
         )  # free, holding a cached prefix; LRU first
         self.hash_to_block: dict[int, int] = {}
-        self.queries = self.hits = 0  # prefix-cache lookups, in blocks
+        self.queries = self.hits = 0  # prompt tokens looked up in the prefix cache, and found
 
     @property
     def num_blocks(self) -> int:
@@ -83,7 +83,13 @@ class BlockManager:
 
     @property
     def hit_rate(self) -> float:
+        "Prompt tokens found in the prefix cache over prompt tokens looked up (vLLM's measure)."
         return self.hits / self.queries if self.queries else 0.0
+
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int):
+        "Count one request's lookup: its caller counts each request once, not each retry."
+        self.queries += num_tokens
+        self.hits += num_hit_tokens
 
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
@@ -122,14 +128,12 @@ class BlockManager:
         for i in range((len(seq) - 1) // bs):  # full blocks strictly before the last token
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = block_hash(parent, tokens)
-            self.queries += 1
             block_id = self.hash_to_block.get(h)
             if block_id is None:
                 break
             blk = self.blocks[block_id]
             if blk.token_ids != tokens or blk.parent != parent:  # a hash collision: not this prefix
                 break
-            self.hits += 1
             if blk.ref_count == 0:
                 del self.cached_free[block_id]
             blk.ref_count += 1

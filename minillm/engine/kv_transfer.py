@@ -355,7 +355,9 @@ class KVConsumer(KVConnector):
     def take(self, req: Request) -> bool:
         if req.kv_transfer_params is None or req.needs_prompt_logits:
             return False
-        req.num_computed_tokens = req.num_cached_tokens = self.scheduler.bm.match_prefix(req)
+        bm = self.scheduler.bm
+        req.num_computed_tokens = req.num_cached_tokens = bm.match_prefix(req)
+        bm.record_lookup(len(req), req.num_cached_tokens)
         job = Incoming(req, len(req.block_table), transferred_tokens(req))
         if job.start_block * self.block_size >= job.num_tokens:
             return False  # all it would receive is cached here already

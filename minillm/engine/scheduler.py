@@ -136,7 +136,8 @@ class Scheduler:
         "Step 2: admit waiting requests in order while budget, sequence slots and blocks last."
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            if not req.block_table and not req.needs_prompt_logits:
+            looked_up = not req.block_table and not req.needs_prompt_logits
+            if looked_up:
                 req.num_computed_tokens = req.num_cached_tokens = self.bm.match_prefix(req)
             n = req.num_pending_tokens
             if n > budget:
@@ -150,6 +151,8 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 break
             self.bm.allocate(req, n)
+            if looked_up and req.num_preemptions == 0:  # a request's first admission counts
+                self.bm.record_lookup(len(req), req.num_cached_tokens)
             self.waiting.popleft()
             self.running.append(req)
             req.status = RequestStatus.RUNNING

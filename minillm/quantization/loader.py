@@ -7,6 +7,7 @@ __all__ = [
     "BLOCK_BYTES",
     "PIECES",
     "NORMS",
+    "logger",
     "LINEARS",
     "QUANTIZATIONS",
     "read_blocks",
@@ -21,6 +22,7 @@ __all__ = [
 ]
 
 # %% ../../nbs/13_quantization.ipynb #66f0da53
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +155,16 @@ def _quantized_linear(g: GGUFTensors, names: list[str], rows: list, bias):
     return linear
 
 
+logger = logging.getLogger("minillm.quantization")
+
+
+def _served_as_shipped(name: str, kind: str) -> bool:
+    "Does this path keep a tensor in its file's format? Floats, 4-bit layers, a Q8_0 embedding."
+    if kind in ("F32", "F16", "BF16"):
+        return True
+    return kind == "Q8_0" if name == "token_embd.weight" else kind in ("Q4_0", "Q4_1")
+
+
 def load_gguf_quantized(gguf_path, config_dir) -> "CausalLM":
     """minillm's model with the weights of a GGUF file in the file's own formats: Q4_0/Q4_1 layers
     as Int4Linear, a Q8_0 embedding as Int8Embedding (its tied LM head as Int8Linear, requantized
@@ -201,6 +213,14 @@ def load_gguf_quantized(gguf_path, config_dir) -> "CausalLM":
             model.lm_head = _quantized_linear(g, ["output.weight"], [None], None)
         else:  # tied: the embedding table, as int8 per row
             model.lm_head = Int8Linear(*quantize_int8(table))
+    as_float = sorted({g.kind(n) for n in g.tensors if not _served_as_shipped(n, g.kind(n))})
+    if as_float:
+        logger.warning(
+            "%s: its %s tensors are not served in their own format (minillm reads Q4_0, Q4_1 and "
+            "Q8_0 blocks): they were dequantized to float32",
+            Path(gguf_path).name,
+            ", ".join(as_float),
+        )
     return model.eval()
 
 

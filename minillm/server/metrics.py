@@ -18,6 +18,7 @@ class ServerMetrics:
 
     def __init__(self):
         self.registry = r = CollectorRegistry()
+        self._counted = {}  # each counter's engine total when it was last advanced
         self.running = Gauge(
             "minillm_requests_running", "Requests in the running batch", registry=r
         )
@@ -34,7 +35,13 @@ class ServerMetrics:
             "minillm_kv_cache_total_blocks", "KV blocks in the pool", registry=r
         )
         self.hit_rate = Gauge(
-            "minillm_prefix_cache_hit_rate", "Prefix cache block hits / lookups", registry=r
+            "minillm_prefix_cache_hit_rate", "Prompt tokens found / looked up", registry=r
+        )
+        self.cache_queries = Counter(
+            "minillm_prefix_cache_queries", "Prompt tokens looked up in the cache", registry=r
+        )
+        self.cache_hits = Counter(
+            "minillm_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r
         )
         self.ttft = Histogram(
             "minillm_time_to_first_token_seconds",
@@ -81,14 +88,12 @@ class ServerMetrics:
         self.accepted_tokens = Counter(
             "minillm_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r
         )
-        self._spec_counted = (0, 0)  # the scheduler's totals when last counted
         self.kv_transfers = Counter(
             "minillm_kv_transfers", "KV transfers (chapter 14)", ["outcome"], registry=r
         )
         self.kv_transfer_tokens = Counter(
             "minillm_kv_transfer_tokens", "Prompt tokens whose KV travelled", registry=r
         )
-        self._kv_counted = {}  # the connector's totals when last counted
         self.kv_peer = Gauge(
             "minillm_kv_transfer_peer_alive", "1 if the other KV transfer side answers", registry=r
         )
@@ -102,10 +107,10 @@ class ServerMetrics:
         self.free_blocks.set(bm.num_free_blocks)
         self.total_blocks.set(bm.num_blocks)
         self.hit_rate.set(bm.hit_rate)
-        drafts, accepted = sched.num_draft_tokens, sched.num_accepted_tokens
-        self.draft_tokens.inc(drafts - self._spec_counted[0])
-        self.accepted_tokens.inc(accepted - self._spec_counted[1])
-        self._spec_counted = (drafts, accepted)
+        self._advance(self.cache_queries, bm.queries)
+        self._advance(self.cache_hits, bm.hits)
+        self._advance(self.draft_tokens, sched.num_draft_tokens)
+        self._advance(self.accepted_tokens, sched.num_accepted_tokens)
         if engine.kv_connector is not None:  # chapter 14
             self._count_transfers(engine.kv_connector.stats())
             self.kv_peer.set(int(engine.kv_connector.peer_alive))
@@ -124,16 +129,18 @@ class ServerMetrics:
             if o.finished:
                 self.finished.labels(o.finish_reason).inc()
 
+    def _advance(self, counter, total: int):
+        "Move a counter to the engine's running total of what it counts."
+        counted = self._counted.get(counter, 0)
+        if total > counted:
+            counter.inc(total - counted)
+        self._counted[counter] = total
+
     def _count_transfers(self, stats: dict):
         "Advance the KV transfer counters to the connector's totals."
         for key, total in stats.items():
-            new = total - self._kv_counted.get(key, 0)
-            if new:
-                counter = (
-                    self.kv_transfer_tokens if key == "tokens" else self.kv_transfers.labels(key)
-                )
-                counter.inc(new)
-            self._kv_counted[key] = total
+            counter = self.kv_transfer_tokens if key == "tokens" else self.kv_transfers.labels(key)
+            self._advance(counter, total)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
