@@ -50,8 +50,12 @@ readme: $(STAMP)
 # nbdev-test runs many notebooks per process (transformers imports triton early), so it is set for the whole run.
 NB_ENV = $(shell $(BIN)/python -c "import torch; print('' if torch.cuda.is_available() else 'TRITON_INTERPRET=1')")
 NB ?= $(sort $(wildcard nbs/[0-9]*.ipynb))
+# The machine's ceilings are measured once per run (minillm.bench.measure.machine_peaks): every chapter of one
+# run reads the same bandwidth and matmul peaks from PEAKS.
+PEAKS := $(CURDIR)/.book-run/peaks.json
 nbs: $(STAMP)  ## execute notebooks in place, one at a time (measurements do not compete) and each in a fresh process (memory is returned); NB=nbs/x.ipynb for one
-	status=0; for nb in $(NB); do echo "$$nb"; $(NB_ENV) $(BIN)/nbdev-test --save --flags notest --n-workers 1 $$nb || status=1; done; \
+	mkdir -p $(dir $(PEAKS)) && rm -f $(PEAKS)
+	status=0; for nb in $(NB); do echo "$$nb"; MINILLM_PEAKS_FILE=$(PEAKS) $(NB_ENV) $(BIN)/nbdev-test --save --flags notest --n-workers 1 $$nb || status=1; done; \
 	$(BIN)/nbdev-clean; exit $$status
 
 test: lint test-nbs test-py

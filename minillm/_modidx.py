@@ -27,6 +27,52 @@ d = {
                 "minillm/bench/kernels.py",
             ),
         },
+        "minillm.bench.measure": {
+            "minillm.bench.measure.Samples": (
+                "prefill_decode.html#samples",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.Samples.__format__": (
+                "prefill_decode.html#samples.__format__",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.Samples.high": (
+                "prefill_decode.html#samples.high",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.Samples.low": (
+                "prefill_decode.html#samples.low",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.Samples.median": (
+                "prefill_decode.html#samples.median",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.Samples.overlaps": (
+                "prefill_decode.html#samples.overlaps",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.Samples.per": (
+                "prefill_decode.html#samples.per",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.Samples.scaled": (
+                "prefill_decode.html#samples.scaled",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.interleaved": (
+                "prefill_decode.html#interleaved",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.machine_peaks": (
+                "prefill_decode.html#machine_peaks",
+                "minillm/bench/measure.py",
+            ),
+            "minillm.bench.measure.measure": (
+                "prefill_decode.html#measure",
+                "minillm/bench/measure.py",
+            ),
+        },
         "minillm.bench.offline": {
             "minillm.bench.offline.Workload": (
                 "offline_bench.html#workload",

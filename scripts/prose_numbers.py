@@ -95,20 +95,22 @@ def chapters_named(sentence: str) -> list[str]:
 
 
 def backing_numbers(cells: list[dict]) -> set[float]:
-    "The numbers a notebook's code cells are written with and print."
-    text = []
+    """The numbers a notebook's code cells print and are written with (in code, 40_000 is 40,000
+    and 25e-6 also backs the 25 of "25 us")."""
+    code, printed = [], []
     for c in cells:
         if c["cell_type"] != "code":
             continue
-        text.append("".join(c["source"]))
+        code.append(re.sub(r"(?<=\d)_(?=\d)", "", "".join(c["source"])))
         for out in c.get("outputs", []):
-            text.append("".join(out.get("text", "")))
+            printed.append("".join(out.get("text", "")))
             for kind, data in out.get("data", {}).items():
                 if kind.startswith("text/"):
-                    text.append("".join(data))
-    numbers = set()
-    for m in ANY_NUMBER.finditer("\n".join(text)):
-        numbers.add(parse(m)[0])
+                    printed.append("".join(data))
+    numbers = {parse(m)[0] for m in ANY_NUMBER.finditer("\n".join(code + printed))}
+    for m in ANY_NUMBER.finditer("\n".join(code)):
+        if m.group(3):
+            numbers.add(float(m.group(1).replace(",", "") + (m.group(2) or "")))
     return numbers
 
 
@@ -127,30 +129,33 @@ def chapter_of(path: Path) -> str:
     return path.stem.split("_")[0].lstrip("0") or "0"
 
 
+def unbacked_in(cells: list[dict], backing: dict[str, set[float]], allowed: dict) -> list:
+    """(number, sentence) of each number in `cells`' prose that their own code cells, a chapter
+    the sentence names (`backing`: chapter -> its numbers) or `allowed` do not back."""
+    own, missing = backing_numbers(cells), []
+    for cell in cells:
+        if cell["cell_type"] != "markdown":
+            continue
+        for text, value, places, percent, chapters, sentence in prose_numbers(
+            "".join(cell["source"])
+        ):
+            if text in allowed or backed(value, places, percent, own):
+                continue
+            if any(backed(value, places, percent, backing.get(ch, set())) for ch in chapters):
+                continue
+            missing.append((text, " ".join(sentence.split())))
+    return missing
+
+
 def unbacked(paths: list[Path]) -> dict[str, list[tuple[str, str]]]:
-    """Each notebook's prose numbers (with their sentences) that neither its cells, a chapter it
-    names, nor the allowlist back."""
+    "Each notebook's prose numbers (with their sentences) that nothing backs."
     allow = allowlist()
     book = {p: json.loads(p.read_text())["cells"] for p in sorted((ROOT / "nbs").glob("*.ipynb"))}
     backing = {chapter_of(p): backing_numbers(cells) for p, cells in book.items()}
-    report = {}
-    for path in paths:
-        cells = json.loads(path.read_text())["cells"]
-        own, allowed = backing[chapter_of(path)], allow.get(path.stem, {})
-        missing = []
-        for cell in cells:
-            if cell["cell_type"] != "markdown":
-                continue
-            for text, value, places, percent, chapters, sentence in prose_numbers(
-                "".join(cell["source"])
-            ):
-                if text in allowed or backed(value, places, percent, own):
-                    continue
-                if any(backed(value, places, percent, backing.get(ch, set())) for ch in chapters):
-                    continue
-                missing.append((text, " ".join(sentence.split())))
-        report[path.stem] = missing
-    return report
+    return {
+        p.stem: unbacked_in(json.loads(p.read_text())["cells"], backing, allow.get(p.stem, {}))
+        for p in paths
+    }
 
 
 def stale_allowances(paths: list[Path]) -> list[str]:
