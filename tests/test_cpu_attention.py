@@ -45,7 +45,10 @@ def test_decodes_and_chunks_match_the_reference(dtype, heads, kv_heads, head_dim
         (3 * block_size, 1),
         (300, 1),
     ]
-    for cases in (edge, [(0, 37), (45, 20), (64, 1), (5, 1), (0, block_size)]):
+    # short chunks (speculative verification, small prompts) go to the kernel, causal within them
+    short = [(0, 2), (block_size - 1, 3), (40, 5), (100, 16), (7, 1), (0, 16), (48, 17)]
+    alone = [(200, 8)]  # one sequence: the kernel splits its KV heads over the threads
+    for cases in (edge, [(0, 37), (45, 20), (64, 1), (5, 1), (0, block_size)], short, alone):
         (ref, out), (ref_pool, pool) = both(cases, heads, kv_heads, head_dim, block_size, dtype)
         torch.testing.assert_close(out.float(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
         assert torch.equal(pool.k.float(), ref_pool.k) and torch.equal(pool.v.float(), ref_pool.v)

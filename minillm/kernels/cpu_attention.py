@@ -8,6 +8,7 @@ Docs: https://minillm.github.io/minillm/cpu_attention.html.md"""
 __all__ = [
     "logger",
     "CPU_ATTENTION_SOURCE",
+    "MAX_KERNEL_ROWS",
     "CPU_ATTENTION",
     "load_cpu_kernels",
     "cpu_kernels_available",
@@ -44,10 +45,12 @@ CPU_ATTENTION_SOURCE = r"""
 
 namespace {
 
-// One sequence's decode: its H = Hkv x G query heads attend over its context, read through its
-// block table. Each token's keys (all KV heads: one contiguous row) are read once, for every
-// query head (pass 1); each head's softmax is one sweep (pass 2); each token's values are read
-// once (pass 3).
+// One sequence's new tokens: its nq query rows (1 for a decode; k + 1 when a decode verifies k
+// draft tokens, chapter 12; a short prompt chunk) of H = Hkv x G heads attend over its context,
+// read through its block table, causally: row i sees the first len - nq + 1 + i tokens. Each
+// token's keys (all KV heads: one contiguous row) are read once, for every query row and head
+// (pass 1); each (row, head)'s softmax is one sweep (pass 2); each token's values are read once
+// (pass 3). So nq rows cost one read of the context, as one decode does, and nq times its FLOPs.
 // kD is head_dim when known at compile time (0: the generic path uses D_). heads [h0, h1) only: a
 // batch smaller than the thread count splits a sequence's heads across threads instead.
 // A one-byte pool (chapter 13: cache_t int8 or fp8) comes with a float scale per token and KV
@@ -83,49 +86,55 @@ void read_row(float* row, const cache_t* p, const float* sc, int64_t kh0, int64_
 }
 
 template <typename cache_t, int64_t kD>
-void decode_sequence(float* acc, std::vector<float>& s, float* row, const float* qf,
+void attend_sequence(float* acc, std::vector<float>& s, float* row, const float* qf,
                      const cache_t* kc, const cache_t* vc, const float* ks, const float* vs,
-                     const int32_t* table, int64_t len, int64_t h0, int64_t h1, int64_t G,
-                     int64_t Hkv, int64_t D_, int64_t bs) {
+                     const int32_t* table, int64_t len, int64_t nq, int64_t h0, int64_t h1,
+                     int64_t G, int64_t Hkv, int64_t D_, int64_t bs) {
   const int64_t D = kD ? kD : D_;
-  const int64_t tok = Hkv * D, blk = bs * tok, kh0 = h0 / G, kh1 = (h1 + G - 1) / G, nh = h1 - h0;
-  s.resize(nh * len);
+  const int64_t H = G * Hkv, tok = Hkv * D, kh0 = h0 / G, kh1 = (h1 + G - 1) / G, nh = h1 - h0;
+  const int64_t past = len - nq;  // tokens every row sees; row i sees past + 1 + i
+  s.resize(nq * nh * len);
   for (int64_t t = 0; t < len; ++t) {
     const int64_t slot = int64_t(table[t / bs]) * bs + t % bs;
     read_row<cache_t>(row, kc + slot * tok, ks ? ks + slot * Hkv : nullptr, kh0, kh1, D);
-    for (int64_t h = h0; h < h1; ++h) {
-      const float* qh = qf + h * D;
-      const float* kr = row + (h / G) * D;
-      float dot = 0.f;
+    for (int64_t i = std::max<int64_t>(0, t - past); i < nq; ++i)
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* qh = qf + (i * H + h) * D;
+        const float* kr = row + (h / G) * D;
+        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += qh[d] * kr[d];
-      s[(h - h0) * len + t] = dot;
-    }
+        for (int64_t d = 0; d < D; ++d) dot += qh[d] * kr[d];
+        s[(i * nh + h - h0) * len + t] = dot;
+      }
   }
-  for (int64_t h = 0; h < nh; ++h) {
-    float* sh = s.data() + h * len;
-    float mx = -3.0e38f;
-    for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sh[t]);
-    float sum = 0.f;
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t seen = past + 1 + i;
+    for (int64_t h = 0; h < nh; ++h) {
+      float* sh = s.data() + (i * nh + h) * len;
+      float mx = -3.0e38f;
+      for (int64_t t = 0; t < seen; ++t) mx = std::max(mx, sh[t]);
+      float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < len; ++t) {
-      sh[t] = std::exp(sh[t] - mx);
-      sum += sh[t];
+      for (int64_t t = 0; t < seen; ++t) {
+        sh[t] = std::exp(sh[t] - mx);
+        sum += sh[t];
+      }
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      for (int64_t t = 0; t < seen; ++t) sh[t] *= inv;
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    for (int64_t t = 0; t < len; ++t) sh[t] *= inv;
+    std::fill(acc + (i * H + h0) * D, acc + (i * H + h1) * D, 0.f);
   }
-  std::fill(acc + h0 * D, acc + h1 * D, 0.f);
   for (int64_t t = 0; t < len; ++t) {
     const int64_t slot = int64_t(table[t / bs]) * bs + t % bs;
     read_row<cache_t>(row, vc + slot * tok, vs ? vs + slot * Hkv : nullptr, kh0, kh1, D);
-    for (int64_t h = h0; h < h1; ++h) {
-      const float p = s[(h - h0) * len + t];
-      const float* vr = row + (h / G) * D;
-      float* a = acc + h * D;
+    for (int64_t i = std::max<int64_t>(0, t - past); i < nq; ++i)
+      for (int64_t h = h0; h < h1; ++h) {
+        const float p = s[(i * nh + h - h0) * len + t];
+        const float* vr = row + (h / G) * D;
+        float* a = acc + (i * H + h) * D;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) a[d] += p * vr[d];
-    }
+        for (int64_t d = 0; d < D; ++d) a[d] += p * vr[d];
+      }
   }
 }
 
@@ -151,18 +160,24 @@ void decode_all(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
   // token's K/V rows are then read in one contiguous sweep), else (sequence, KV head) pairs
   const int64_t parts = B >= at::get_num_threads() ? 1 : Hkv;
   at::parallel_for(0, B * parts, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(H * D), acc(H * D), s, row(Hkv * D);
+    std::vector<float> qf, acc, s, row(Hkv * D);
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t seq = ids[w / parts], r = cu[seq];
+      const int64_t seq = ids[w / parts], r = cu[seq], nq = cu[seq + 1] - r;
       const int64_t h0 = parts == 1 ? 0 : (w % parts) * G, h1 = parts == 1 ? H : h0 + G;
-      for (int64_t h = h0; h < h1; ++h)
-        for (int64_t d = 0; d < D; ++d)
-          qf[h * D + d] = static_cast<float>(qp[r * q_row + h * q_head + d]) * float(scale);
-      decode_sequence<cache_t, kD>(acc.data(), s, row.data(), qf.data(), kc, vc, ks, vs,
-                                   tables + seq * table_stride, lens[seq], h0, h1, G, Hkv, D, bs);
-      for (int64_t h = h0; h < h1; ++h)
-        for (int64_t d = 0; d < D; ++d)
-          op[r * o_row + h * o_head + d] = static_cast<scalar_t>(acc[h * D + d]);
+      qf.resize(nq * H * D);
+      acc.resize(nq * H * D);
+      for (int64_t i = 0; i < nq; ++i)
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t d = 0; d < D; ++d)
+            qf[(i * H + h) * D + d] =
+                static_cast<float>(qp[(r + i) * q_row + h * q_head + d]) * float(scale);
+      attend_sequence<cache_t, kD>(acc.data(), s, row.data(), qf.data(), kc, vc, ks, vs,
+                                   tables + seq * table_stride, lens[seq], nq, h0, h1, G, Hkv, D,
+                                   bs);
+      for (int64_t i = 0; i < nq; ++i)
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t d = 0; d < D; ++d)
+            op[(r + i) * o_row + h * o_head + d] = static_cast<scalar_t>(acc[(i * H + h) * D + d]);
     }
   });
 }
@@ -278,21 +293,24 @@ def cpu_kernels_available() -> bool:
 
 
 # %% ../../nbs/08a_cpu_attention.ipynb #2c0f26c9
+MAX_KERNEL_ROWS = 8  # a sequence's new tokens the kernel takes (measured above); more go to SDPA
+
+
 @dataclass
 class CPUPlan:
     "Per-batch launch plan of the CPU backend, shared by all layers."
 
     metadata: AttentionMetadata
-    decode_seqs: torch.Tensor  # [B] int32: sequences with one new token, for the kernel
-    prefill_seqs: list[int]  # sequences with a prompt chunk, attended one by one
+    kernel_seqs: torch.Tensor  # [B] int32: sequences of at most MAX_KERNEL_ROWS new tokens
+    chunk_seqs: list[int]  # sequences with a longer prompt chunk, attended one by one (SDPA)
     scale: float
 
 
 def plan_cpu_attention(cache: PagedKVCache, md: AttentionMetadata) -> CPUPlan:
-    decodes = md.decode_seqs
-    prefills = [s for s, n in enumerate(md.query_lens) if n > 1]
-    head_dim = cache.k.shape[-1]
-    return CPUPlan(md, torch.tensor(decodes, dtype=torch.int32), prefills, 1 / math.sqrt(head_dim))
+    kernel = [s for s, n in enumerate(md.query_lens) if n <= MAX_KERNEL_ROWS]
+    chunks = [s for s, n in enumerate(md.query_lens) if n > MAX_KERNEL_ROWS]
+    scale = 1 / math.sqrt(cache.k.shape[-1])
+    return CPUPlan(md, torch.tensor(kernel, dtype=torch.int32), chunks, scale)
 
 
 def paged_attention_cpu(
@@ -302,7 +320,7 @@ def paged_attention_cpu(
     with SDPA."""
     out = torch.empty_like(q)
     md = plan.metadata
-    if len(plan.decode_seqs):
+    if len(plan.kernel_seqs):
         quantized = hasattr(cache, "k_scale")  # chapter 13's int8/fp8 pool: scales per token, head
         load_cpu_kernels()(
             out,
@@ -312,12 +330,12 @@ def paged_attention_cpu(
             md.block_tables,
             md.context_lens,
             md.cu_seqlens_q,
-            plan.decode_seqs,
+            plan.kernel_seqs,
             plan.scale,
             cache.k_scale[layer] if quantized else None,
             cache.v_scale[layer] if quantized else None,
         )
-    attend_one_by_one(cache, layer, q, md, plan.prefill_seqs, out)
+    attend_one_by_one(cache, layer, q, md, plan.chunk_seqs, out)
     return out
 
 
