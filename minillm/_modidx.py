@@ -893,6 +893,10 @@ d = {
                 "engine.html#create_model_runner",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.draft_model_budget": (
+                "engine.html#draft_model_budget",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.model_name": (
                 "engine.html#model_name",
                 "minillm/engine/llm_engine.py",

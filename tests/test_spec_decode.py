@@ -66,6 +66,23 @@ def test_greedy_tokens_equal_transformers(random_llama, draft_dir, method):
     assert [o.token_ids for o in again] == [o.token_ids for o in outs[:4]]
 
 
+def test_the_draft_models_pool_is_in_the_kv_budget(random_llama, draft_dir):
+    "Both pools, the target's and the draft's (as many blocks), fit kv_cache_memory_gb together."
+    path, _ = random_llama
+    budget = 0.01
+    plain = LLM(str(path), kv_cache_memory_gb=budget).engine.runner.cache
+    llm = LLM(
+        str(path), kv_cache_memory_gb=budget, speculative_config=spec_configs(draft_dir)["draft"]
+    )
+    target, draft = llm.engine.runner.cache, llm.engine.proposer.cache
+    assert draft.num_blocks == target.num_blocks < plain.num_blocks
+    assert (
+        target.nbytes + draft.nbytes
+        <= budget * 2**30
+        < target.nbytes + draft.nbytes + (target.nbytes + draft.nbytes) / target.num_blocks
+    )
+
+
 def test_same_tokens_with_and_without_speculation(random_llama):
     path, hf = random_llama
     ps = prompts(3)

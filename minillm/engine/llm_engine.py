@@ -14,6 +14,7 @@ __all__ = [
     "RequestOutput",
     "request_output",
     "model_name",
+    "draft_model_budget",
     "size_kv_pool",
     "create_model_runner",
     "EngineDeadError",
@@ -24,6 +25,7 @@ __all__ = [
 import dataclasses
 import itertools
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ import torch
 from minillm.engine.model_runner import (
     ModelRunner,
     cuda_memory_snapshot,
+    kv_block_bytes,
     load_attention_backend,
     num_kv_blocks_for_memory,
     profile_run,
@@ -223,12 +226,32 @@ def model_name(model: str | None) -> str:
 
 
 # %% ../../nbs/07b_engine.ipynb #95f2b3c5
+def draft_model_budget(cfg: EngineConfig, dtype) -> tuple[int, int]:
+    """(bytes of its weights, bytes of one KV block) of the draft model that `speculative_config`
+    names (chapter 12), or (0, 0): its pool has as many blocks as the target's, so the memory for
+    the KV cache is shared between the two."""
+    spec = cfg.speculative_config
+    if not isinstance(spec, dict) or not spec.get("model"):
+        return 0, 0
+    from safetensors import safe_open
+
+    path = resolve_model_path(spec["model"])
+    numel = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            numel += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    draft = ModelConfig.from_hf(read_config(path))
+    element = torch.empty((), dtype=dtype).element_size()
+    return numel * element, kv_block_bytes(draft, cfg.block_size, dtype)
+
+
 def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) -> int:
-    """The number of KV blocks that fit beside `model` (see `num_kv_blocks_for_memory`); on CUDA
-    after a profile run."""
+    """The number of KV blocks that fit beside `model` (see `num_kv_blocks_for_memory`), and
+    beside a draft model's weights and blocks (chapter 12); on CUDA after a profile run."""
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     mcfg = model.config
-    extra = 0
+    draft_weights, draft_block = draft_model_budget(cfg, dtype)
+    extra = draft_weights if device.type == "cuda" else 0  # on CPU the budget is the KV's alone
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -261,6 +284,7 @@ def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) ->
         baseline,
         int(extra),
         cfg.kv_cache_dtype,
+        draft_block,
     )
 
 

@@ -150,12 +150,14 @@ def num_kv_blocks_for_memory(
     baseline: tuple | None = None,
     extra_bytes: int = 0,
     kv_cache_dtype: str = "auto",
+    extra_block_bytes: int = 0,
 ) -> int:
     """How many blocks fit. On CPU: in `kv_cache_memory_gb`. On CUDA (call after `profile_run`), as
     vLLM does: this instance may use `gpu_memory_utilization` of the device; from that go the peak
     of PyTorch's allocations so far (weights and a step's activations), the memory outside PyTorch
     this process took since `baseline` (its CUDA context, libraries' workspaces) and `extra_bytes`
-    (e.g. CUDA graphs); other processes' memory is theirs."""
+    (e.g. CUDA graphs); other processes' memory is theirs. `extra_block_bytes`: what each block
+    costs besides the model's own K/V (a draft model's blocks, chapter 12)."""
     if device.type == "cuda":
         free, total, reserved = cuda_memory_snapshot(device)
         free0, _, reserved0 = baseline or (free, total, reserved)
@@ -174,7 +176,8 @@ def num_kv_blocks_for_memory(
             available = free - 256 * 2**20
     else:
         available = kv_cache_memory_gb * 2**30
-    blocks = int(available // kv_block_bytes(cfg, block_size, dtype, kv_cache_dtype))
+    block = kv_block_bytes(cfg, block_size, dtype, kv_cache_dtype) + extra_block_bytes
+    blocks = int(available // block)
     if blocks < 1:
         raise RuntimeError(
             f"no memory left for the KV cache ({available / 2**30:.2f} GiB available)"
