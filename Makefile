@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-check-dry lab lab-screenshot
+.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-check-dry lab lab-screenshot exercises
 
 venv: $(STAMP)
 
@@ -86,6 +86,10 @@ gpu-check:  ## on a CUDA machine: kernel and CUDA-graph tests, exactness, kernel
 
 gpu-check-dry: $(STAMP)  ## the same code on tiny shapes under the Triton interpreter: runs on any CPU (CI runs it in make test)
 	PYTHONPATH=. $(BIN)/python scripts/gpu_check.py $(GPU_OUT)-dry --dry
+
+CH ?= 12
+exercises: $(STAMP)  ## run chapter CH's exercise checkers on your answers in exercises/chCH.py (written with stubs the first time)
+	$(BIN)/python -c "import sys; from minillm.course.chapter import run_exercises; sys.exit(0 if run_exercises('$(CH)') else 1)"
 
 # The course in JupyterLab, bound to this machine only, with the project's .venv as the kernel and no
 # network calls (news, update checks, the extension manager's PyPI lookups).

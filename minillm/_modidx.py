@@ -300,9 +300,22 @@ d = {
                 "minillm/course/chapter.py",
             ),
             "minillm.course.chapter._same": ("loader.html#_same", "minillm/course/chapter.py"),
+            "minillm.course.chapter._stub": ("loader.html#_stub", "minillm/course/chapter.py"),
+            "minillm.course.chapter.chapter_exercises": (
+                "loader.html#chapter_exercises",
+                "minillm/course/chapter.py",
+            ),
             "minillm.course.chapter.check": ("loader.html#check", "minillm/course/chapter.py"),
+            "minillm.course.chapter.exercise": (
+                "loader.html#exercise",
+                "minillm/course/chapter.py",
+            ),
             "minillm.course.chapter.machine_summary": (
                 "loader.html#machine_summary",
+                "minillm/course/chapter.py",
+            ),
+            "minillm.course.chapter.run_exercises": (
+                "loader.html#run_exercises",
                 "minillm/course/chapter.py",
             ),
         },
@@ -326,6 +339,32 @@ d = {
             "minillm.course.contiguous.cached_generate": (
                 "kv_cache.html#cached_generate",
                 "minillm/course/contiguous.py",
+            ),
+        },
+        "minillm.course.exercises.ch12": {
+            "minillm.course.exercises.ch12._law_gap": (
+                "speculative_decoding.html#_law_gap",
+                "minillm/course/exercises/ch12.py",
+            ),
+            "minillm.course.exercises.ch12.check_expected_tokens": (
+                "speculative_decoding.html#check_expected_tokens",
+                "minillm/course/exercises/ch12.py",
+            ),
+            "minillm.course.exercises.ch12.check_greedy_accept": (
+                "speculative_decoding.html#check_greedy_accept",
+                "minillm/course/exercises/ch12.py",
+            ),
+            "minillm.course.exercises.ch12.check_ngram_draft": (
+                "speculative_decoding.html#check_ngram_draft",
+                "minillm/course/exercises/ch12.py",
+            ),
+            "minillm.course.exercises.ch12.check_rejection_sample": (
+                "speculative_decoding.html#check_rejection_sample",
+                "minillm/course/exercises/ch12.py",
+            ),
+            "minillm.course.exercises.ch12.expected_tokens_per_step": (
+                "speculative_decoding.html#expected_tokens_per_step",
+                "minillm/course/exercises/ch12.py",
             ),
         },
         "minillm.course.naive": {
@@ -388,6 +427,20 @@ d = {
             "minillm.course.quantized.FakeQuantizedCache.update": (
                 "quantization.html#fakequantizedcache.update",
                 "minillm/course/quantized.py",
+            ),
+        },
+        "minillm.course.solutions.ch12": {
+            "minillm.course.solutions.ch12.my_expected_tokens": (
+                "speculative_decoding.html#my_expected_tokens",
+                "minillm/course/solutions/ch12.py",
+            ),
+            "minillm.course.solutions.ch12.my_greedy_accept": (
+                "speculative_decoding.html#my_greedy_accept",
+                "minillm/course/solutions/ch12.py",
+            ),
+            "minillm.course.solutions.ch12.my_rejection_sample": (
+                "speculative_decoding.html#my_rejection_sample",
+                "minillm/course/solutions/ch12.py",
             ),
         },
         "minillm.detokenizer": {
