@@ -367,6 +367,28 @@ d = {
                 "minillm/course/exercises/ch12.py",
             ),
         },
+        "minillm.course.exercises.ch13": {
+            "minillm.course.exercises.ch13._q4_0_reference": (
+                "quantization.html#_q4_0_reference",
+                "minillm/course/exercises/ch13.py",
+            ),
+            "minillm.course.exercises.ch13.check_pack_nibbles": (
+                "quantization.html#check_pack_nibbles",
+                "minillm/course/exercises/ch13.py",
+            ),
+            "minillm.course.exercises.ch13.check_q4_0": (
+                "quantization.html#check_q4_0",
+                "minillm/course/exercises/ch13.py",
+            ),
+            "minillm.course.exercises.ch13.check_quantize_int4": (
+                "quantization.html#check_quantize_int4",
+                "minillm/course/exercises/ch13.py",
+            ),
+            "minillm.course.exercises.ch13.check_quantize_int8": (
+                "quantization.html#check_quantize_int8",
+                "minillm/course/exercises/ch13.py",
+            ),
+        },
         "minillm.course.naive": {
             "minillm.course.naive.Generation": (
                 "naive_generate.html#generation",
@@ -442,6 +464,12 @@ d = {
                 "speculative_decoding.html#my_rejection_sample",
                 "minillm/course/solutions/ch12.py",
             ),
+        },
+        "minillm.course.solutions.ch13": {
+            "minillm.course.solutions.ch13.my_q4_0_row": (
+                "quantization.html#my_q4_0_row",
+                "minillm/course/solutions/ch13.py",
+            )
         },
         "minillm.detokenizer": {
             "minillm.detokenizer.TextStream": (
@@ -1763,6 +1791,10 @@ d = {
             ),
             "minillm.quantization.layers.Int8Linear.from_float": (
                 "quantization.html#int8linear.from_float",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.pack_nibbles": (
+                "quantization.html#pack_nibbles",
                 "minillm/quantization/layers.py",
             ),
             "minillm.quantization.layers.quantize_int4": (

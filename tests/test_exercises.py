@@ -10,7 +10,7 @@ import torch
 from minillm.course.chapter import chapter_exercises, run_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["12"]
+CHAPTERS = ["12", "13"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -65,3 +65,46 @@ def test_make_exercises_writes_stubs_then_checks(tmp_path):
     run = f"from minillm.course.chapter import run_exercises as r; print(r('12', '{path}'))"
     r = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout.strip().splitlines()[-1] == "True", r.stdout + r.stderr
+
+
+def _symmetric_int4(w, group_size):
+    "int8's scheme in 4 bits: levels around zero, half of them wasted on an all-positive group."
+    groups = w.view(w.shape[0], -1, group_size)
+    scale = groups.abs().amax(-1) / 7
+    q = (torch.round(groups / scale[..., None]) + 8).clamp(0, 15).view_as(w)
+    return q.to(torch.uint8), scale, -8 * scale
+
+
+def _levels(w, group_size, steps=15, rounding=torch.round):
+    groups = w.float().view(w.shape[0], -1, group_size)
+    lo, scale = groups.amin(-1), (groups.amax(-1) - groups.amin(-1)) / steps
+    q = rounding((groups - lo[..., None]) / scale[..., None]).clamp(0, 15)
+    return q.view_as(w).to(torch.uint8), scale, lo
+
+
+def _down_the_columns(w, group_size):
+    from minillm.quantization.layers import quantize_int4
+
+    q, scale, lo = quantize_int4(w.T.contiguous(), group_size)
+    return q.T, scale, lo
+
+
+WRONG_INT4 = {
+    "symmetric": _symmetric_int4,
+    "16 steps": lambda w, g: _levels(w, g, steps=16),
+    "truncated": lambda w, g: _levels(w, g, rounding=torch.floor),
+    "groups down the columns": _down_the_columns,
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG_INT4)
+def test_wrong_int4_quantizers_fail(wrong):
+    checker = chapter_exercises("13")["my_quantize_int4(w, group_size)"]
+    with pytest.raises((AssertionError, ValueError, RuntimeError)):
+        checker(WRONG_INT4[wrong])
+
+
+def test_swapped_nibbles_fail():
+    checker = chapter_exercises("13")["my_pack_nibbles(q)"]
+    with pytest.raises(AssertionError):
+        checker(lambda q: (q[:, 1::2] | (q[:, 0::2] << 4)).to(torch.uint8))

@@ -137,7 +137,7 @@ def run_exercises(chapter: str, path=None) -> bool:
         except NotImplementedError:
             print(f"{name}: not written yet")
             passed = False
-        except (AssertionError, AttributeError) as e:
-            print(f"{name}: FAILED: {e}")
+        except Exception as e:  # a wrong answer may fail in any way
+            print(f"{name}: FAILED: {type(e).__name__}: {e}")
             passed = False
     return passed
