@@ -341,6 +341,20 @@ d = {
                 "minillm/course/contiguous.py",
             ),
         },
+        "minillm.course.exercises.ch04a": {
+            "minillm.course.exercises.ch04a.check_block_hashes": (
+                "block_manager.html#check_block_hashes",
+                "minillm/course/exercises/ch04a.py",
+            ),
+            "minillm.course.exercises.ch04a.check_cached_prefix": (
+                "block_manager.html#check_cached_prefix",
+                "minillm/course/exercises/ch04a.py",
+            ),
+            "minillm.course.exercises.ch04a.check_slot": (
+                "block_manager.html#check_slot",
+                "minillm/course/exercises/ch04a.py",
+            ),
+        },
         "minillm.course.exercises.ch12": {
             "minillm.course.exercises.ch12._law_gap": (
                 "speculative_decoding.html#_law_gap",
@@ -449,6 +463,20 @@ d = {
             "minillm.course.quantized.FakeQuantizedCache.update": (
                 "quantization.html#fakequantizedcache.update",
                 "minillm/course/quantized.py",
+            ),
+        },
+        "minillm.course.solutions.ch04a": {
+            "minillm.course.solutions.ch04a.my_block_hashes": (
+                "block_manager.html#my_block_hashes",
+                "minillm/course/solutions/ch04a.py",
+            ),
+            "minillm.course.solutions.ch04a.my_cached_prefix": (
+                "block_manager.html#my_cached_prefix",
+                "minillm/course/solutions/ch04a.py",
+            ),
+            "minillm.course.solutions.ch04a.my_slot": (
+                "block_manager.html#my_slot",
+                "minillm/course/solutions/ch04a.py",
             ),
         },
         "minillm.course.solutions.ch12": {

@@ -10,14 +10,16 @@ import torch
 from minillm.course.chapter import chapter_exercises, run_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["12", "13"]
+CHAPTERS = ["4a", "12", "13"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_the_answers_pass(chapter):
     import importlib
 
-    answers = importlib.import_module(f"minillm.course.solutions.ch{chapter}")
+    answers = importlib.import_module(
+        f"minillm.course.solutions.ch{chapter.zfill(3 if chapter[-1].isalpha() else 2)}"
+    )
     for signature, checker in chapter_exercises(chapter).items():
         name = signature.split("(")[0]
         if hasattr(answers, name):
@@ -108,3 +110,14 @@ def test_swapped_nibbles_fail():
     checker = chapter_exercises("13")["my_pack_nibbles(q)"]
     with pytest.raises(AssertionError):
         checker(lambda q: (q[:, 1::2] | (q[:, 0::2] << 4)).to(torch.uint8))
+
+
+def test_a_cached_prefix_that_takes_the_last_tokens_block_fails():
+    from minillm.course.solutions.ch04a import my_block_hashes
+
+    def through_the_last(tokens, cached, bs):
+        hashes = my_block_hashes(tokens, bs)
+        return bs * next((i for i, h in enumerate(hashes) if h not in cached), len(hashes))
+
+    with pytest.raises(AssertionError):
+        chapter_exercises("4a")["my_cached_prefix(token_ids, cached, block_size)"](through_the_last)
