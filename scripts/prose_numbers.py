@@ -24,7 +24,8 @@ ALLOW = Path(__file__).with_name("prose_numbers_allow.txt")
 
 # a number: 1,234 or 1234, a fraction, an exponent; not inside a name or a longer number
 PROSE_NUMBER = re.compile(
-    r"(?<![\w.\-/])" + r"(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e([-+]?\d+))?" + r"(?![\w.]*\d)"
+    r"(?<![\w.,/])(?<![A-Za-z_]-)"  # not inside a name, a longer number or a path; 2-5 is a range
+    r"(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e([-+]?\d+))?(?![\w.]*\d)"
 )
 ANY_NUMBER = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e([-+]?\d+))?")
 CHAPTER = re.compile(r"\b[Cc]hapters? (\d+[a-z]?)((?:(?:,| and| or|-|/) ?\d+[a-z]?)*)")
@@ -36,8 +37,9 @@ NOT_PROSE = [
     re.compile(r"https?://\S+"),
     re.compile(r"<[^>]+>"),  # HTML tags
     re.compile(r"\[\d+[a-z]?\."),  # the index's chapter links: [3. Prefill and decode]
+    re.compile(r"^#+ \d+[a-z]?\.", re.M),  # a chapter's title: # 11. Tensor parallelism
     re.compile(r"\b[A-Za-z_]\w*\d[\w.\-]*"),  # names with digits: Qwen3-0.6B, sm_90, H200, fp8
-    re.compile(r"\b\d+[a-wyz]\b"),  # chapter names: 08b, 12b (not 2x)
+    re.compile(r"\b\d+[a-df-wyz]\b"),  # chapter names: 08b, 12b (not 2x)
     re.compile(r"\b(?:[Ss]ections?|[Ss]tep|[Ee]xercise|[Pp]art) \d+\b"),
     CHAPTER,
 ]

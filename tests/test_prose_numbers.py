@@ -48,6 +48,9 @@ def code(source: str, printed: str = "") -> dict:
         ("The file is `93 MB` in code, $2^{10}$ in math.", "", []),
         ("It is 5.6 to 17.7 times cheaper.", "5.6x\n17.7x", []),
         ("It is 5.6 to 17.8 times cheaper.", "5.6x\n17.7x", ["17.8"]),
+        ("A pull takes 97-360 us.", "97 us\n360 us", []),  # both ends of a range are checked
+        ("A pull takes 97-361 us.", "97 us\n360 us", ["361"]),
+        ("Within 1e-4, at 2e-3.", "tolerance 1e-4", ["2e-3"]),
     ],
 )
 def test_the_checker(prose, printed, flagged):
