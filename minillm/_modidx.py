@@ -355,6 +355,36 @@ d = {
                 "minillm/course/exercises/ch04a.py",
             ),
         },
+        "minillm.course.exercises.ch11": {
+            "minillm.course.exercises.ch11.check_embed_partial": (
+                "tensor_parallel.html#check_embed_partial",
+                "minillm/course/exercises/ch11.py",
+            ),
+            "minillm.course.exercises.ch11.check_kv_heads": (
+                "tensor_parallel.html#check_kv_heads",
+                "minillm/course/exercises/ch11.py",
+            ),
+            "minillm.course.exercises.ch11.check_row_partial": (
+                "tensor_parallel.html#check_row_partial",
+                "minillm/course/exercises/ch11.py",
+            ),
+            "minillm.course.exercises.ch11.check_row_shard": (
+                "tensor_parallel.html#check_row_shard",
+                "minillm/course/exercises/ch11.py",
+            ),
+            "minillm.course.exercises.ch11.check_valid_sizes": (
+                "tensor_parallel.html#check_valid_sizes",
+                "minillm/course/exercises/ch11.py",
+            ),
+            "minillm.course.exercises.ch11.check_vocab_slice": (
+                "tensor_parallel.html#check_vocab_slice",
+                "minillm/course/exercises/ch11.py",
+            ),
+            "minillm.course.exercises.ch11.vocab_slice": (
+                "tensor_parallel.html#vocab_slice",
+                "minillm/course/exercises/ch11.py",
+            ),
+        },
         "minillm.course.exercises.ch12": {
             "minillm.course.exercises.ch12._law_gap": (
                 "speculative_decoding.html#_law_gap",
@@ -477,6 +507,28 @@ d = {
             "minillm.course.solutions.ch04a.my_slot": (
                 "block_manager.html#my_slot",
                 "minillm/course/solutions/ch04a.py",
+            ),
+        },
+        "minillm.course.solutions.ch11": {
+            "minillm.course.solutions.ch11.my_embed_partial": (
+                "tensor_parallel.html#my_embed_partial",
+                "minillm/course/solutions/ch11.py",
+            ),
+            "minillm.course.solutions.ch11.my_row_partial": (
+                "tensor_parallel.html#my_row_partial",
+                "minillm/course/solutions/ch11.py",
+            ),
+            "minillm.course.solutions.ch11.my_row_shard": (
+                "tensor_parallel.html#my_row_shard",
+                "minillm/course/solutions/ch11.py",
+            ),
+            "minillm.course.solutions.ch11.my_valid_tp_sizes": (
+                "tensor_parallel.html#my_valid_tp_sizes",
+                "minillm/course/solutions/ch11.py",
+            ),
+            "minillm.course.solutions.ch11.my_vocab_slice": (
+                "tensor_parallel.html#my_vocab_slice",
+                "minillm/course/solutions/ch11.py",
             ),
         },
         "minillm.course.solutions.ch12": {

@@ -10,7 +10,7 @@ import torch
 from minillm.course.chapter import chapter_exercises, run_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["4a", "12", "13"]
+CHAPTERS = ["4a", "11", "12", "13"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -121,3 +121,21 @@ def test_a_cached_prefix_that_takes_the_last_tokens_block_fails():
 
     with pytest.raises(AssertionError):
         chapter_exercises("4a")["my_cached_prefix(token_ids, cached, block_size)"](through_the_last)
+
+
+WRONG_TP = {
+    "my_row_shard(weight, rank, size)": lambda w, r, n: w.chunk(n, 0)[r],  # split by outputs
+    "my_row_partial(x, shard, rank, size)": lambda x, s, r, n: (
+        x[:, : s.shape[1]] @ s.T
+    ),  # rank 0's x
+    "my_embed_partial(ids, shard, rank, size)": lambda ids, s, r, n: s[
+        (ids - r * len(s)).clamp(0, len(s) - 1)
+    ],  # foreign ids clamped, not masked
+    "my_vocab_slice(vocab_size, rank, size)": lambda v, r, n: (r * (v // n), (r + 1) * (v // n)),
+}
+
+
+@pytest.mark.parametrize("signature", WRONG_TP)
+def test_wrong_tensor_parallel_answers_fail(signature):
+    with pytest.raises(AssertionError):
+        chapter_exercises("11")[signature](WRONG_TP[signature])
