@@ -433,6 +433,32 @@ d = {
                 "minillm/course/exercises/ch13.py",
             ),
         },
+        "minillm.course.exercises.ch14": {
+            "minillm.course.exercises.ch14._agreement": (
+                "beyond_one_engine.html#_agreement",
+                "minillm/course/exercises/ch14.py",
+            ),
+            "minillm.course.exercises.ch14._random_fleets": (
+                "beyond_one_engine.html#_random_fleets",
+                "minillm/course/exercises/ch14.py",
+            ),
+            "minillm.course.exercises.ch14._read": (
+                "beyond_one_engine.html#_read",
+                "minillm/course/exercises/ch14.py",
+            ),
+            "minillm.course.exercises.ch14.check_chunk_hashes": (
+                "beyond_one_engine.html#check_chunk_hashes",
+                "minillm/course/exercises/ch14.py",
+            ),
+            "minillm.course.exercises.ch14.check_land_blocks": (
+                "beyond_one_engine.html#check_land_blocks",
+                "minillm/course/exercises/ch14.py",
+            ),
+            "minillm.course.exercises.ch14.check_least_loaded": (
+                "beyond_one_engine.html#check_least_loaded",
+                "minillm/course/exercises/ch14.py",
+            ),
+        },
         "minillm.course.naive": {
             "minillm.course.naive.Generation": (
                 "naive_generate.html#generation",
@@ -550,6 +576,16 @@ d = {
                 "quantization.html#my_q4_0_row",
                 "minillm/course/solutions/ch13.py",
             )
+        },
+        "minillm.course.solutions.ch14": {
+            "minillm.course.solutions.ch14.my_land_blocks": (
+                "beyond_one_engine.html#my_land_blocks",
+                "minillm/course/solutions/ch14.py",
+            ),
+            "minillm.course.solutions.ch14.my_least_loaded": (
+                "beyond_one_engine.html#my_least_loaded",
+                "minillm/course/solutions/ch14.py",
+            ),
         },
         "minillm.detokenizer": {
             "minillm.detokenizer.TextStream": (

@@ -10,7 +10,7 @@ import torch
 from minillm.course.chapter import chapter_exercises, run_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["4a", "11", "12", "13"]
+CHAPTERS = ["4a", "11", "12", "13", "14"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -139,3 +139,23 @@ WRONG_TP = {
 def test_wrong_tensor_parallel_answers_fail(signature):
     with pytest.raises(AssertionError):
         chapter_exercises("11")[signature](WRONG_TP[signature])
+
+
+WRONG_REMAP = {
+    "under the producer's block numbers": lambda p, pt, c, ct, s, n: [
+        c.__setitem__(b, p[b]) for b in pt[s:]
+    ],
+    "the cached prefix overwritten": lambda p, pt, c, ct, s, n: [
+        c.__setitem__(y, p[x]) for x, y in zip(pt, ct)
+    ],
+    "the last, partial block left out": lambda p, pt, c, ct, s, n: [
+        c.__setitem__(y, p[x]) for x, y in zip(pt[s : n // p.shape[1]], ct[s : n // p.shape[1]])
+    ],
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG_REMAP)
+def test_wrong_remaps_fail(wrong):
+    signature = next(s for s in chapter_exercises("14") if s.startswith("my_land_blocks"))
+    with pytest.raises(AssertionError):
+        chapter_exercises("14")[signature](WRONG_REMAP[wrong])
