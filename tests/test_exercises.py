@@ -141,16 +141,19 @@ def test_wrong_tensor_parallel_answers_fail(signature):
         chapter_exercises("11")[signature](WRONG_TP[signature])
 
 
-WRONG_REMAP = {
-    "under the producer's block numbers": lambda p, pt, c, ct, s, n: [
-        c.__setitem__(b, p[b]) for b in pt[s:]
-    ],
-    "the cached prefix overwritten": lambda p, pt, c, ct, s, n: [
-        c.__setitem__(y, p[x]) for x, y in zip(pt, ct)
-    ],
-    "the last, partial block left out": lambda p, pt, c, ct, s, n: [
-        c.__setitem__(y, p[x]) for x, y in zip(pt[s : n // p.shape[1]], ct[s : n // p.shape[1]])
-    ],
+def _copy(producer, consumer, pairs):
+    for p, c in pairs:
+        consumer[c] = producer[p]
+
+
+WRONG_REMAP = {  # (producer, producer_table, consumer, consumer_table, start_block, num_tokens)
+    "under the producer's block numbers": lambda p, pt, c, ct, s, n: _copy(
+        p, c, [(b, b) for b in pt[s:]]
+    ),
+    "the cached prefix overwritten": lambda p, pt, c, ct, s, n: _copy(p, c, zip(pt, ct)),
+    "the last, partial block left out": lambda p, pt, c, ct, s, n: _copy(
+        p, c, zip(pt[s : n // p.shape[1]], ct[s : n // p.shape[1]])
+    ),
 }
 
 
