@@ -78,13 +78,16 @@ def pages(site):
     return {p.stem: Page(p) for p in site.glob("*.html")}
 
 
+SOLUTIONS = "minillm.course.solutions"
+
+
 def exported_symbols():
     """Every function and class that a module of the library exports (its `__all__`) and defines
-    itself."""
+    itself, but the exercises' answers (`minillm.course.solutions`), which stay out of sight."""
     import minillm
 
     for m in pkgutil.walk_packages(minillm.__path__, "minillm."):
-        if m.name.rpartition(".")[2].startswith("_"):
+        if m.name.rpartition(".")[2].startswith("_") or m.name.startswith(SOLUTIONS):
             continue
         mod = importlib.import_module(m.name)
         for name in getattr(mod, "__all__", []):
