@@ -82,6 +82,10 @@ d = {
                 "offline_bench.html#workload.output_tokens",
                 "minillm/bench/offline.py",
             ),
+            "minillm.bench.offline.engine_peak_flops": (
+                "offline_bench.html#engine_peak_flops",
+                "minillm/bench/offline.py",
+            ),
             "minillm.bench.offline.hf_greedy": (
                 "offline_bench.html#hf_greedy",
                 "minillm/bench/offline.py",
@@ -411,6 +415,36 @@ d = {
                 "minillm/course/exercises/ch12.py",
             ),
         },
+        "minillm.course.exercises.ch12b": {
+            "minillm.course.exercises.ch12b._allowed": (
+                "openai_api.html#_allowed",
+                "minillm/course/exercises/ch12b.py",
+            ),
+            "minillm.course.exercises.ch12b._apply_one": (
+                "openai_api.html#_apply_one",
+                "minillm/course/exercises/ch12b.py",
+            ),
+            "minillm.course.exercises.ch12b._banned_of": (
+                "openai_api.html#_banned_of",
+                "minillm/course/exercises/ch12b.py",
+            ),
+            "minillm.course.exercises.ch12b._walk": (
+                "openai_api.html#_walk",
+                "minillm/course/exercises/ch12b.py",
+            ),
+            "minillm.course.exercises.ch12b.check_banned": (
+                "openai_api.html#check_banned",
+                "minillm/course/exercises/ch12b.py",
+            ),
+            "minillm.course.exercises.ch12b.check_fill_bitmask": (
+                "openai_api.html#check_fill_bitmask",
+                "minillm/course/exercises/ch12b.py",
+            ),
+            "minillm.course.exercises.ch12b.check_penalties": (
+                "openai_api.html#check_penalties",
+                "minillm/course/exercises/ch12b.py",
+            ),
+        },
         "minillm.course.exercises.ch13": {
             "minillm.course.exercises.ch13._q4_0_reference": (
                 "quantization.html#_q4_0_reference",
@@ -569,6 +603,20 @@ d = {
             "minillm.course.solutions.ch12.my_rejection_sample": (
                 "speculative_decoding.html#my_rejection_sample",
                 "minillm/course/solutions/ch12.py",
+            ),
+        },
+        "minillm.course.solutions.ch12b": {
+            "minillm.course.solutions.ch12b.my_banned": (
+                "openai_api.html#my_banned",
+                "minillm/course/solutions/ch12b.py",
+            ),
+            "minillm.course.solutions.ch12b.my_fill_bitmask": (
+                "openai_api.html#my_fill_bitmask",
+                "minillm/course/solutions/ch12b.py",
+            ),
+            "minillm.course.solutions.ch12b.my_penalties": (
+                "openai_api.html#my_penalties",
+                "minillm/course/solutions/ch12b.py",
             ),
         },
         "minillm.course.solutions.ch13": {

@@ -10,7 +10,7 @@ import torch
 from minillm.course.chapter import chapter_exercises, run_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["4a", "11", "12", "13", "14"]
+CHAPTERS = ["4a", "11", "12", "12b", "13", "14"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -162,3 +162,42 @@ def test_wrong_remaps_fail(wrong):
     signature = next(s for s in chapter_exercises("14") if s.startswith("my_land_blocks"))
     with pytest.raises(AssertionError):
         chapter_exercises("14")[signature](WRONG_REMAP[wrong])
+
+
+def _walk_drafts(matcher, bitmask, row, drafts, undo, stop_at_eos=True):
+    "Grammar.fill_bitmask with its mistakes switchable: `undo` gives how many steps to roll back."
+    matcher.fill_next_token_bitmask(bitmask, row)
+    tried = accepted = filled = 0
+    for d in drafts:
+        tried += 1
+        if not matcher.accept_token(d):
+            break
+        accepted += 1
+        if matcher.is_terminated() and stop_at_eos:
+            break
+        filled += 1
+        if not matcher.is_terminated():
+            matcher.fill_next_token_bitmask(bitmask, row + filled)
+    steps = undo(tried, accepted)
+    if steps:
+        matcher.rollback(steps)
+    return 1 + filled
+
+
+WRONG_GRAMMAR_WALKS = {
+    "never rolled back": lambda m, b, r, d: _walk_drafts(m, b, r, d, lambda t, a: 0),
+    "the refused draft rolled back too": lambda m, b, r, d: _walk_drafts(
+        m, b, r, d, lambda t, a: t
+    ),
+    "one step short": lambda m, b, r, d: _walk_drafts(m, b, r, d, lambda t, a: max(a - 1, 0)),
+    "a row after the stop token": lambda m, b, r, d: _walk_drafts(
+        m, b, r, d, lambda t, a: a, stop_at_eos=False
+    ),
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG_GRAMMAR_WALKS)
+def test_wrong_grammar_walks_fail(wrong):
+    checker = chapter_exercises("12b")["my_fill_bitmask(matcher, bitmask, row, drafts)"]
+    with pytest.raises((AssertionError, RuntimeError)):  # xgrammar refuses a rollback too far
+        checker(WRONG_GRAMMAR_WALKS[wrong])

@@ -13,6 +13,7 @@ __all__ = [
     "hf_greedy",
     "run_hf_static",
     "run_hf_continuous",
+    "engine_peak_flops",
     "offline_benchmark",
     "roofline_note",
     "print_benchmark",
@@ -28,6 +29,7 @@ import torch
 from ..engine.block_manager import cdiv
 from ..llm import LLM
 from ..sampling import SamplingParams
+from .measure import machine_peaks
 from .roofline import decode_work, measure_peak_flops, prefill_work
 
 
@@ -156,6 +158,14 @@ def run_hf_continuous(hf_model, w: Workload, page_size: int = 32, max_batch_toke
 
 
 # %% ../../nbs/07c_offline_bench.ipynb #9eb1a3ca
+def engine_peak_flops(dtype: torch.dtype, device) -> float:
+    """The matmul FLOP/s ceiling an engine in `dtype` on `device` is held against: on a CPU the
+    run's one measurement (`machine_peaks`, chapter 3), elsewhere a measurement on the device."""
+    name = str(dtype).removeprefix("torch.")
+    peaks = machine_peaks() if torch.device(device).type == "cpu" else {}
+    return peaks[name] if name in peaks else measure_peak_flops(dtype=dtype, device=device)
+
+
 def offline_benchmark(
     num_requests: int = 32,
     prompt_len=(16, 256),
@@ -174,9 +184,7 @@ def offline_benchmark(
     warmup = random_workload(4, prompt_len, (2, 4), seed + 1)
     run_minillm(llm, warmup)
     tokens, secs = run_minillm(llm, w)
-    peak = measure_peak_flops(
-        dtype=dtype, device=llm.engine.runner.device
-    )  # the engine's own device and dtype
+    peak = engine_peak_flops(dtype, llm.engine.runner.device)
     flops = workload_flops(llm.engine.model.config, w)
     result = {
         "workload": dict(
