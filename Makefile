@@ -49,7 +49,8 @@ readme: $(STAMP)
 # Without CUDA, chapter 8's kernels run in Triton's interpreter. It must be on before triton is first imported, and
 # nbdev-test runs many notebooks per process (transformers imports triton early), so it is set for the whole run.
 NB_ENV = $(shell $(BIN)/python -c "import torch; print('' if torch.cuda.is_available() else 'TRITON_INTERPRET=1')")
-NB ?= $(sort $(wildcard nbs/[0-9]*.ipynb))
+# the index last: it lists the run time each chapter printed in this run
+NB ?= $(filter-out nbs/00_index.ipynb,$(sort $(wildcard nbs/[0-9]*.ipynb))) nbs/00_index.ipynb
 # The machine's ceilings are measured once per run (minillm.bench.measure.machine_peaks): every chapter of one
 # run reads the same bandwidth and matmul peaks from PEAKS.
 PEAKS := $(CURDIR)/.book-run/peaks.json

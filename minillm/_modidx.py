@@ -2515,6 +2515,10 @@ d = {
                 "openai_api.html#outputextras.__init__",
                 "minillm/server/openai_fields.py",
             ),
+            "minillm.server.openai_fields.OutputExtras._offsets": (
+                "openai_api.html#outputextras._offsets",
+                "minillm/server/openai_fields.py",
+            ),
             "minillm.server.openai_fields.OutputExtras._prompt_entries": (
                 "openai_api.html#outputextras._prompt_entries",
                 "minillm/server/openai_fields.py",
@@ -2533,6 +2537,30 @@ d = {
             ),
             "minillm.server.openai_fields.OutputExtras.stream": (
                 "openai_api.html#outputextras.stream",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras.top_level": (
+                "openai_api.html#outputextras.top_level",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TextOffsets": (
+                "openai_api.html#textoffsets",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TextOffsets.__call__": (
+                "openai_api.html#textoffsets.__call__",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TextOffsets.__init__": (
+                "openai_api.html#textoffsets.__init__",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TokenIdTexts": (
+                "openai_api.html#tokenidtexts",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.TokenIdTexts.__call__": (
+                "openai_api.html#tokenidtexts.__call__",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.TokenTexts": (
@@ -2571,6 +2599,10 @@ d = {
                 "openai_api.html#completion_logprobs",
                 "minillm/server/openai_fields.py",
             ),
+            "minillm.server.openai_fields.field_status": (
+                "openai_api.html#field_status",
+                "minillm/server/openai_fields.py",
+            ),
             "minillm.server.openai_fields.guided_decoding_of": (
                 "openai_api.html#guided_decoding_of",
                 "minillm/server/openai_fields.py",
@@ -2587,8 +2619,24 @@ d = {
                 "openai_api.html#processing_params",
                 "minillm/server/openai_fields.py",
             ),
+            "minillm.server.openai_fields.prompt_options": (
+                "openai_api.html#prompt_options",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.rebased_refs": (
+                "openai_api.html#rebased_refs",
+                "minillm/server/openai_fields.py",
+            ),
             "minillm.server.openai_fields.response_format_guide": (
                 "openai_api.html#response_format_guide",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.shaped_prompt": (
+                "openai_api.html#shaped_prompt",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.structured_outputs_guide": (
+                "openai_api.html#structured_outputs_guide",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.template_renders_tools": (
@@ -2605,6 +2653,10 @@ d = {
             ),
             "minillm.server.openai_fields.tool_mode": (
                 "openai_api.html#tool_mode",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.truncated": (
+                "openai_api.html#truncated",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.vllm_prompt_logprobs": (
@@ -2653,6 +2705,10 @@ d = {
                 "serving.html#completionrequest.prompts",
                 "minillm/server/protocol.py",
             ),
+            "minillm.server.protocol.DetokenizeRequest": (
+                "serving.html#detokenizerequest",
+                "minillm/server/protocol.py",
+            ),
             "minillm.server.protocol.SamplingFields": (
                 "serving.html#samplingfields",
                 "minillm/server/protocol.py",
@@ -2671,6 +2727,10 @@ d = {
             ),
             "minillm.server.protocol.StreamOptions": (
                 "serving.html#streamoptions",
+                "minillm/server/protocol.py",
+            ),
+            "minillm.server.protocol.TokenizeRequest": (
+                "serving.html#tokenizerequest",
                 "minillm/server/protocol.py",
             ),
             "minillm.server.protocol._checked_text": (

@@ -211,18 +211,24 @@ def load_state_dict(model_dir: Path, device="cpu") -> dict[str, torch.Tensor]:
     return state
 
 
-def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+def encode_chat(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    add_special_tokens: bool = False,
+    **template_kwargs,
+) -> list[int]:
     """Token ids of `messages` ([{'role': ..., 'content': ...}]) in the model's chat template, ready
     for the reply; `tools` (OpenAI's function specs, chapter 12b) go to the templates that use
-    them."""
+    them, `template_kwargs` (add_generation_prompt=False, continue_final_message...) to the
+    template; `add_special_tokens` adds the tokenizer's own (BOS) on top of the template's."""
     if not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...}")
     if tokenizer.chat_template is None:
         raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
-    text = tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=True
-    )
-    return tokenizer(text, add_special_tokens=False).input_ids
+    template_kwargs = {"add_generation_prompt": True} | template_kwargs
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **template_kwargs)
+    return tokenizer(text, add_special_tokens=add_special_tokens).input_ids
 
 
 def eos_token_ids(model_dir: Path, tokenizer) -> list[int]:

@@ -9,6 +9,19 @@ if not torch.cuda.is_available():
 from minillm.loader import eos_token_ids, load_hf_model, load_tokenizer, resolve_model_path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def float32_by_default():
+    """The correctness anchor is float32, and dtype "auto" picks bfloat16 on CPUs with native bf16
+    (AVX512_BF16, AMX): without this, which tests compare bf16 with transformers' float32 would
+    depend on the machine. Tests of bfloat16 ask for it by name."""
+    from minillm.engine import llm_engine
+
+    native = llm_engine.cpu_has_native_bf16
+    llm_engine.cpu_has_native_bf16 = lambda: False
+    yield
+    llm_engine.cpu_has_native_bf16 = native
+
+
 @pytest.fixture(scope="session")
 def model_dir():
     return resolve_model_path()

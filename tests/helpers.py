@@ -28,6 +28,8 @@ def minillm_serve(model_dir, log: Path, *flags: str):
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "minillm"), "serve", "--port", str(port)]
     cmd += ["--model", str(model_dir), "--log-level", "warning", *flags]
+    if "--dtype" not in flags:  # the correctness anchor (see conftest's float32_by_default)
+        cmd += ["--dtype", "float32"]
     base = f"http://127.0.0.1:{port}"
     with ServerProcess(cmd, f"{base}/v1", log=str(log)) as proc:
         yield base, proc

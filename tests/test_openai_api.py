@@ -4,6 +4,7 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -565,3 +566,275 @@ def test_server_leaks_nothing(server, client):
     text = httpx.get(f"{server}/metrics").text
     usage = [l for l in text.splitlines() if l.startswith("minillm_kv_cache_usage")]
     assert usage and float(usage[0].split()[-1]) == 0.0, usage
+
+
+# --- every field of vLLM's request models: implemented, refused by name, or inert (issue 31) ---
+
+VLLM_FIELDS = json.loads((Path(__file__).parent / "data" / "vllm_request_fields.json").read_text())
+
+
+def _asking_value(unused: tuple):
+    "A value of a refused field that asks for something (so it must be refused)."
+    if True in unused:
+        return False
+    if False in unused:
+        return True
+    if 0 in unused or 1.0 in unused:
+        return 2
+    if {} in unused or [] in unused:
+        return {"x": 1}
+    if "" in unused or "xgrammar" in unused:
+        return "x"
+    return "x"
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+def test_every_vllm_field_is_implemented_refused_or_inert(kind):
+    from minillm.server.openai_fields import field_status
+    from minillm.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    statuses = {name: field_status(model, name)[0] for name in VLLM_FIELDS[kind]}
+    assert "unknown" not in statuses.values(), statuses
+    assert field_status(model, "min_characters")[0] == "unknown"
+
+
+def _post(server, kind, extra, **kw):
+    url = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    body = {"messages": ask("hi")} if kind == "chat" else {"prompt": "hi"}
+    return httpx.post(server + url, json={**body, "max_tokens": 2, **extra}, timeout=60, **kw)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+def test_server_refuses_every_refused_field_by_name_and_accepts_the_inert(server, kind):
+    from minillm.server.openai_fields import field_status
+    from minillm.server.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
+
+    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    for name in VLLM_FIELDS[kind]:
+        status, _ = field_status(model, name)
+        if status == "refused":
+            r = _post(server, kind, {name: _asking_value(UNSUPPORTED[name][1])})
+            assert r.status_code == 400 and r.json()["error"]["param"] == name, (name, r.text)
+            for unused in (None, *UNSUPPORTED[name][1]):
+                assert _post(server, kind, {name: unused}).status_code == 200, name
+        elif status == "inert":
+            assert (
+                _post(server, kind, {name: "x" if name != "stream_interval" else 2}).status_code
+                == 200
+            )
+    for name in ("min_characters", "max_token", "guided_json_schema"):  # unknown, or misspelt
+        r = _post(server, kind, {name: 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
+    r = _post(server, kind, {"stream_options": {"include_usage": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
+def test_server_structured_outputs_and_token_ids(server, client, tokenizer):
+    model = client.models.list().data[0].id
+    r = client.chat.completions.create(
+        model=model,
+        messages=ask("Is water wet?"),
+        temperature=0,
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}, "return_token_ids": True},
+    ).model_dump()
+    choice = r["choices"][0]
+    assert choice["message"]["content"] in ("yes", "no")
+    assert (
+        tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+        == choice["message"]["content"]
+    )
+    assert r["prompt_token_ids"] == tokenizer.apply_chat_template(
+        ask("Is water wet?"), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    r = client.completions.create(
+        model=model,
+        prompt="My favourite number is",
+        temperature=0,
+        max_tokens=8,
+        extra_body={"structured_outputs": {"regex": "[0-9]{2}"}, "return_token_ids": True},
+    ).model_dump()
+    assert re.fullmatch("[0-9]{2}", r["choices"][0]["text"])
+    assert r["choices"][0]["prompt_token_ids"] == tokenizer("My favourite number is").input_ids
+    for bad in ({"choice": ["a"], "regex": "a"}, {"structural_tag": "x"}, ["a"]):
+        r = _post(server, "chat", {"structured_outputs": bad})
+        error = r.json()["error"]
+        assert (
+            r.status_code == 400 and "structured_outputs" in f"{error['param']} {error['message']}"
+        )
+
+
+def test_server_truncation_equals_transformers_on_the_kept_tokens(client, tokenizer, hf_model):
+    model = client.models.list().data[0].id
+    prompt = "Once upon a time, in a land far away, there lived a dragon who loved to read books."
+    ids = tokenizer(prompt).input_ids
+    for side, kept in (("left", ids[-8:]), ("right", ids[:8])):
+        extra = {"truncate_prompt_tokens": 8, "truncation_side": side, "return_token_ids": True}
+        r = client.completions.create(
+            model=model, prompt=prompt, temperature=0, max_tokens=6, extra_body=extra
+        ).model_dump()
+        assert r["usage"]["prompt_tokens"] == 8 and r["choices"][0]["prompt_token_ids"] == kept
+        assert greedy_divergence(
+            hf_model, kept, r["choices"][0]["token_ids"], eos_token_ids=[]
+        ) in (
+            None,
+            *range(6),
+        )
+
+
+def test_server_chat_template_arguments(server, client, tokenizer):
+    model = client.models.list().data[0].id
+    messages = ask("Name a colour.") + [{"role": "assistant", "content": "The colour is"}]
+    extra = {
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "return_token_ids": True,
+    }
+    r = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=4, extra_body=extra
+    ).model_dump()
+    assert r["prompt_token_ids"] == tokenizer.apply_chat_template(
+        messages, continue_final_message=True, tokenize=True, return_dict=False
+    )
+    r = _post(server, "chat", {"continue_final_message": True})  # with add_generation_prompt
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+    r = _post(server, "chat", {"chat_template_kwargs": {"tools": []}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+    r = _post(server, "chat", {"request_id": "abc123"}).json()
+    assert r["id"] == "chatcmpl-abc123"
+
+
+def test_server_chat_prompt_logprobs_and_token_names(client, tokenizer, hf_model):
+    model = client.models.list().data[0].id
+    r = client.chat.completions.create(
+        model=model,
+        messages=ask("Hi"),
+        temperature=0,
+        max_tokens=2,
+        logprobs=True,
+        extra_body={
+            "prompt_logprobs": 1,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        },
+    ).model_dump()
+    ids = r["prompt_token_ids"]
+    assert r["prompt_logprobs"][0] is None and len(r["prompt_logprobs"]) == len(ids)
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    for p in range(1, len(ids)):
+        got = r["prompt_logprobs"][p][str(ids[p])]["logprob"]
+        assert math.isclose(got, float(ref[p - 1, ids[p]]), abs_tol=1e-3)
+    tokens = [e["token"] for e in r["choices"][0]["logprobs"]["content"]]
+    assert tokens == [f"token_id:{t}" for t in r["choices"][0]["token_ids"]]
+
+
+def test_server_text_offsets_follow_the_text_after_byte_fallback(client):
+    model = client.models.list().data[0].id
+    prompt = "I love 🚀 xox"
+    r = client.completions.create(
+        model=model, prompt=prompt, max_tokens=1, echo=True, logprobs=0, temperature=0
+    )
+    lp, text = r.choices[0].logprobs, r.choices[0].text
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    for token, offset in zip(lp.tokens, lp.text_offset):
+        if "\ufffd" not in token:  # a whole token's text is where its offset says
+            assert text[offset:].startswith(token), (token, offset, text)
+    assert text[lp.text_offset[-1] :] == lp.tokens[-1] or "\ufffd" in lp.tokens[-1]
+
+
+def test_server_tools_with_defs_and_a_cut_named_call(client):
+    model = client.models.list().data[0].id
+    person = {  # what Pydantic writes for a nested model: a local $ref into $defs
+        "type": "function",
+        "function": {
+            "name": "add_person",
+            "parameters": {
+                "$defs": {
+                    "Address": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string", "maxLength": 12}},
+                        "required": ["city"],
+                    }
+                },
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 12},
+                    "home": {"$ref": "#/$defs/Address"},
+                },
+                "required": ["name", "home"],
+            },
+        },
+    }
+    for choice in ("required", {"type": "function", "function": {"name": "add_person"}}):
+        r = client.chat.completions.create(
+            model=model,
+            messages=ask("Add Ann, who lives in Rome."),
+            tools=[person],
+            tool_choice=choice,
+            temperature=0,
+            max_tokens=80,
+        )
+        call = r.choices[0].message.tool_calls[0]
+        jsonschema.validate(json.loads(call.function.arguments), person["function"]["parameters"])
+    r = client.chat.completions.create(
+        model=model,
+        messages=ask("Add Ann, who lives in Rome."),
+        tools=[person],
+        tool_choice={"type": "function", "function": {"name": "add_person"}},
+        temperature=0,
+        max_tokens=3,
+    )
+    assert r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls
+
+
+def test_server_models_version_tokenize_detokenize(server, client, tokenizer):
+    model = client.models.list().data[0].id
+    assert client.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    assert httpx.get(f"{server}/version").json()["version"]
+    r = httpx.post(f"{server}/tokenize", json={"prompt": "Hello world"}).json()
+    assert r["tokens"] == tokenizer("Hello world").input_ids and r["count"] == len(r["tokens"])
+    r = httpx.post(f"{server}/tokenize", json={"messages": ask("Hi")}).json()
+    assert r["tokens"] == tokenizer.apply_chat_template(
+        ask("Hi"), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    r = httpx.post(f"{server}/detokenize", json={"tokens": tokenizer("Hello world").input_ids})
+    assert r.json()["prompt"] == "Hello world"
+    for path, body in [
+        ("/detokenize", {"tokens": [10**9]}),
+        ("/tokenize", {"prompt": "a", "messages": ask("b")}),
+        ("/tokenize", {"prompt": "a", "nonsense": 1}),
+    ]:
+        assert httpx.post(server + path, json=body).status_code == 400
+
+
+def test_server_continuous_usage_stats(server):
+    body = {
+        "prompt": "Count: one, two,",
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line[6:] not in ("", "[DONE]")]
+    assert all("usage" in c for c in chunks)
+    completions = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert completions == sorted(completions) and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    from types import SimpleNamespace
+
+    from minillm.server.openai_fields import OutputExtras, TokenTexts
+
+    fields = ("return_tokens_as_token_ids", "prompt_logprobs", "return_token_ids", "top_logprobs")
+    body = SimpleNamespace(parallel_tool_calls=False, logprobs=False, **dict.fromkeys(fields))
+    extras = OutputExtras(body, True, "required", TokenTexts(None))
+    choice, message = {"finish_reason": "stop"}, {}
+    calls = '[{"name": "f", "parameters": {}}, {"name": "g", "parameters": {"x": 1}}]'
+    extras._tool_calls(choice, message, calls, "stop")
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["f"]
+    assert choice["finish_reason"] == "tool_calls"

@@ -250,7 +250,7 @@ def test_bad_chat_bodies(server, body, word):
     assert word in r.json()["error"]["message"]
 
 
-def test_fields_that_change_nothing_are_accepted(client):
+def test_fields_that_change_nothing_are_accepted_and_unknown_ones_refused(client):
     r = client.chat.completions.create(
         model=NAME,
         messages=[{"role": "user", "content": "Hi"}],
@@ -258,9 +258,16 @@ def test_fields_that_change_nothing_are_accepted(client):
         user="u-1",
         metadata={"k": "v"},
         logit_bias={},
-        extra_body={"some_vendor_field": 1},
+        extra_body={"session_id": "s-1", "use_beam_search": False},
     )
     assert r.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError, match="some_vendor_field"):
+        client.chat.completions.create(
+            model=NAME,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=3,
+            extra_body={"some_vendor_field": 1},
+        )
 
 
 def test_bad_chat_requests_and_auth(server, client):

@@ -29,11 +29,16 @@ from minillm.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     SamplingFields,
     ServerLimits,
+    TokenizeRequest,
+    _checked_text,
+    check_extra_fields,
     validation_message,
 )
 
+from .. import __version__
 from ..engine.llm_engine import EngineConfig, LLMEngine, RequestOutput
 from ..loader import encode_chat
 from ..sampling import SamplingParams
@@ -126,25 +131,32 @@ class Admission:
         chat_messages: list | None = None,
         tools: list | None = None,
         kv_transfer_params: dict | None = None,
+        options: dict | None = None,
     ):
         """The engine requests of every (prompt, sample), built in a worker thread; APIError(400) if
-        any is bad."""
+        any is bad. `options`: chapter 12b's chat template arguments and truncation."""
         loop = asyncio.get_running_loop()
-        build = self._build, prompts, params, chat_messages, tools, kv_transfer_params
+        build = self._build, prompts, params, chat_messages, tools, kv_transfer_params, options
         try:
             return await loop.run_in_executor(self.pool, *build)
         except ValueError as e:
             raise APIError(400, str(e)) from None
 
-    def _build(self, prompts: list, params: SamplingParams, chat_messages, tools, kv_params):
+    def _build(self, prompts, params, chat_messages, tools, kv_params, options=None):
         engine = self.aeng.engine
         if kv_params is not None and len(prompts) * params.n > 1:
             raise ValueError("kv_transfer_params is for one prompt and n=1 (chapter 14)")
         if chat_messages is not None:
+            template = (options or {}).get("template", {})
+            special = bool(options and options["add_special_tokens"])
             try:
-                prompts = [encode_chat(engine.tokenizer, chat_messages, tools)]
+                prompts = [encode_chat(engine.tokenizer, chat_messages, tools, special, **template)]
             except Exception as e:  # the template's own checks (roles that must alternate...)
                 raise ValueError(f"the chat template refused these messages: {e}") from None
+        if options:
+            from minillm.server.openai_fields import shaped_prompt
+
+            prompts = [shaped_prompt(engine.tokenizer, p, options) for p in prompts]
         return [
             engine.make_request(p, sp, uuid.uuid4().hex, kv_transfer_params=kv_params)
             for p in prompts
@@ -191,11 +203,18 @@ class Responder:
     shapes."""
 
     def __init__(
-        self, aeng: AsyncEngine, admission: Admission, name: str, chat: bool, n: int, extras=None
+        self,
+        aeng: AsyncEngine,
+        admission: Admission,
+        name: str,
+        chat: bool,
+        n: int,
+        extras=None,
+        request_id: str | None = None,
     ):
         self.aeng, self.admission, self.name, self.chat, self.n = aeng, admission, name, chat, n
         self.extras = extras  # chapter 12b's logprobs, echo and tool calls, when asked for
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.id = ("chatcmpl-" if chat else "cmpl-") + (request_id or uuid.uuid4().hex)
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
 
@@ -204,8 +223,9 @@ class Responder:
         outputs = sub.outputs()
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
+            continuous = usage and body.stream_options.continuous_usage_stats
             return StreamingResponse(
-                self._events(outputs, usage),
+                self._events(outputs, usage, continuous),
                 media_type="text/event-stream",
                 background=BackgroundTask(sub.abort),
             )
@@ -236,6 +256,7 @@ class Responder:
             else:
                 choice["text"] = o.text
             choices.append(self.extras.complete(choice, o) if self.extras else choice)
+        top = self.extras.top_level(outs[min(outs)]) if self.extras and outs else {}
         return {
             "id": self.id,
             "object": self.object,
@@ -243,27 +264,30 @@ class Responder:
             "model": self.name,
             "choices": choices,
             "usage": _usage(outs, self.n),
+            **top,
         }
 
-    async def _events(self, outputs, include_usage: bool):
+    async def _events(self, outputs, include_usage: bool, continuous: bool = False):
         last, started = {}, set()
         try:
             async for index, out in outputs:
                 self._observe(out)
                 last[index] = out
+                usage = {"usage": _usage(last, self.n)} if continuous else {}
                 if self.chat and index not in started:
                     started.add(index)
-                    yield self._chunk(index, {"role": "assistant", "content": ""}, None)
+                    top = self.extras.top_level(out) if self.extras and index == 0 else {}
+                    yield self._chunk(index, {"role": "assistant", "content": ""}, None, top=top)
                 finish = out.finish_reason if out.finished else None
                 if self.extras:  # chapter 12b: logprobs, echo, tool calls
                     first = len(out.token_times) == len(out.delta_token_ids)
                     delta, extra, finish = self.extras.stream(
                         index, out, self._delta(out.delta_text), first
                     )
-                    if delta or extra.get("logprobs") or finish:
-                        yield self._chunk(index, delta, finish, extra)
+                    if delta or extra.get("logprobs") or extra.get("token_ids") or finish:
+                        yield self._chunk(index, delta, finish, extra, top=usage)
                 elif out.delta_text or out.finished:
-                    yield self._chunk(index, self._delta(out.delta_text), finish)
+                    yield self._chunk(index, self._delta(out.delta_text), finish, top=usage)
         except (
             Exception
         ) as e:  # a failed request (or a dead engine) ends the stream with an error event
@@ -278,11 +302,12 @@ class Responder:
             return {"content": text} if text else {}
         return {"text": text}
 
-    def _chunk(self, index: int, delta: dict, finish_reason: str | None, extra=None) -> str:
+    def _chunk(self, index: int, delta: dict, finish_reason, extra=None, top=None) -> str:
+        "One choice's chunk: its delta, `extra` choice fields, `top` fields beside the choices."
         choice = {"index": index, "finish_reason": finish_reason, "logprobs": None}
         choice.update({"delta": delta} if self.chat else delta)
         choice.update(extra or {})
-        return _sse(self._chunk_obj([choice]))
+        return _sse(self._chunk_obj([choice], **(top or {})))
 
     def _chunk_obj(self, choices: list, **extra) -> dict:
         obj = self.object + (".chunk" if self.chat else "")
@@ -350,17 +375,22 @@ def build_app(
 
         return output_extras(body, chat, tool_mode, aeng.engine.tokenizer)
 
+    def prompt_options(body) -> dict:
+        "Chapter 12b's chat template arguments, special tokens and truncation of this body."
+        from minillm.server.openai_fields import prompt_options
+
+        return prompt_options(body, aeng.engine.max_model_len)
+
     async def serve_request(raw, body, prompts, params, chat_messages=None, tool_mode="none"):
         admission.check_queue(len(prompts) * params.n)
         tools = body.tools if tool_mode != "none" else None
-        reqs = await admission.requests(
-            prompts, params, chat_messages, tools, body.kv_transfer_params
-        )
+        kv_params, options = body.kv_transfer_params, prompt_options(body)
+        reqs = await admission.requests(prompts, params, chat_messages, tools, kv_params, options)
         # the queue may have filled while this request was tokenized
         admission.check_queue(len(reqs))
         chat = chat_messages is not None
         extras = output_extras(body, chat, tool_mode)
-        responder = Responder(aeng, admission, name, chat, params.n, extras)
+        responder = Responder(aeng, admission, name, chat, params.n, extras, body.request_id)
         return await responder.respond(raw, reqs, body)
 
     @app.post("/v1/completions")
@@ -379,17 +409,73 @@ def build_app(
         messages = [m.as_dict() for m in body.messages]
         return await serve_request(raw, body, [None], params, messages, tool_mode)
 
+    card = {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "minillm",
+        "max_model_len": aeng.engine.max_model_len,
+    }
+
     @app.get("/v1/models")
     async def models(raw: HTTPRequest):
         check_key(raw)
-        card = {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "minillm",
-            "max_model_len": aeng.engine.max_model_len,
-        }
         return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, raw: HTTPRequest):
+        check_key(raw)
+        check_model(model_id)
+        return card
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, raw: HTTPRequest):
+        check_key(raw)
+        check_model(body.model)
+        check_extra_fields(body.model_extra or {})
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "send a prompt or messages, not both", param="prompt")
+        tok = aeng.engine.tokenizer
+
+        def ids() -> list[int]:
+            if body.prompt is not None:
+                text = _checked_text(body.prompt, "prompt")
+                return tok(text, add_special_tokens=body.add_special_tokens is not False).input_ids
+            try:
+                return encode_chat(
+                    tok,
+                    [m.as_dict() for m in body.messages],
+                    add_special_tokens=bool(body.add_special_tokens),
+                    add_generation_prompt=body.add_generation_prompt,
+                    continue_final_message=body.continue_final_message,
+                )
+            except Exception as e:
+                raise APIError(400, f"the chat template refused these messages: {e}") from None
+
+        tokens = await asyncio.get_running_loop().run_in_executor(admission.pool, ids)
+        strs = tok.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+        return {
+            "count": len(tokens),
+            "max_model_len": aeng.engine.max_model_len,
+            "tokens": tokens,
+            "token_strs": strs,
+        }
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, raw: HTTPRequest):
+        check_key(raw)
+        check_model(body.model)
+        check_extra_fields(body.model_extra or {})
+        vocab = aeng.engine.model.config.vocab_size
+        if not all(0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"tokens must be in [0, {vocab}), the vocabulary", param="tokens")
+        decode = aeng.engine.tokenizer.decode
+        text = await asyncio.get_running_loop().run_in_executor(admission.pool, decode, body.tokens)
+        return {"prompt": text}
 
     @app.get("/health")
     async def health():

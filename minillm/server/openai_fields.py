@@ -4,21 +4,31 @@
 
 # %% auto #0
 __all__ = [
+    "STRUCTURED_KEYS",
     "TOOL_CALL",
     "MAX_LOGIT_BIAS",
     "MAX_BAD_WORDS",
+    "TEMPLATE_OWN",
     "response_format_guide",
+    "rebased_refs",
     "tool_call_schema",
     "check_tools",
     "template_renders_tools",
+    "structured_outputs_guide",
     "guided_decoding_of",
     "parse_tool_calls",
     "TokenTexts",
+    "TokenIdTexts",
     "chat_logprobs",
+    "TextOffsets",
     "completion_logprobs",
     "vllm_prompt_logprobs",
     "OutputExtras",
     "processing_params",
+    "prompt_options",
+    "shaped_prompt",
+    "truncated",
+    "field_status",
     "tool_mode",
     "token_texts",
     "output_extras",
@@ -29,6 +39,8 @@ import functools
 import json
 import re
 import uuid
+
+from tokenizers.decoders import DecodeStream
 
 from ..engine.logits_processor import TokenLogprobs
 from ..engine.structured_output import GuidedDecodingParams
@@ -60,18 +72,36 @@ def response_format_guide(fmt: dict | None) -> GuidedDecodingParams | None:
     )
 
 
+def rebased_refs(schema, base: str):
+    """`schema` with its local references ("#", "#/$defs/X", any "#/..." pointer) pointing into
+    the place `base` (a JSON pointer, "#/items/...") where it is nested in a larger schema."""
+    if isinstance(schema, list):
+        return [rebased_refs(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: rebased_refs(v, base) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
 def tool_call_schema(tools: list[dict]) -> dict:
-    "tool_choice='required': a JSON array of one or more {name, parameters} calls (vLLM's shape)."
+    """tool_choice='required': a JSON array of one or more {name, parameters} calls (vLLM's shape).
+    Each tool's schema keeps its `$defs`: its references are rebased to where it is nested."""
     calls = [
         {
             "type": "object",
             "properties": {
                 "name": {"type": "string", "enum": [t["function"]["name"]]},
-                "parameters": t["function"].get("parameters") or {"type": "object"},
+                "parameters": rebased_refs(
+                    t["function"].get("parameters") or {"type": "object"},
+                    f"#/items/anyOf/{i}/properties/parameters",
+                ),
             },
             "required": ["name", "parameters"],
         }
-        for t in tools
+        for i, t in enumerate(tools)
     ]
     return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
 
@@ -115,6 +145,40 @@ def template_renders_tools(tokenizer) -> bool:
     return bool(re.search(r"\btools\b", tokenizer.chat_template or ""))
 
 
+STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def structured_outputs_guide(spec) -> GuidedDecodingParams:
+    """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar or json_object
+    (`disable_any_whitespace: true` is what minillm always does); APIError names anything else."""
+    if not isinstance(spec, dict):
+        _refuse(
+            "structured_outputs is an object such as {'choice': ['yes', 'no']}",
+            "structured_outputs",
+        )
+    used = {k: v for k, v in spec.items() if v is not None and v is not False}
+    if used.get("disable_any_whitespace") is True:
+        del used["disable_any_whitespace"]
+    unknown = sorted(set(used) - set(STRUCTURED_KEYS))
+    if unknown:
+        _refuse(
+            f"structured_outputs.{unknown[0][:64]} is not supported; "
+            f"use one of {', '.join(STRUCTURED_KEYS)}",
+            "structured_outputs",
+        )
+    if len(used) != 1:
+        _refuse(
+            f"structured_outputs takes exactly one of {', '.join(STRUCTURED_KEYS)}",
+            "structured_outputs",
+        )
+    ((key, value),) = used.items()
+    if key == "json_object":
+        if value is not True:
+            _refuse("structured_outputs.json_object is true or absent", "structured_outputs")
+        return GuidedDecodingParams(json_object=True)
+    return GuidedDecodingParams(**{key: value})
+
+
 def guided_decoding_of(body, tool_mode: str) -> GuidedDecodingParams | None:
     """The one constraint a request body asks for: response_format, vLLM's guided_* fields, or a
     tool choice that forces a call; APIError(400) if it asks for more than one."""
@@ -125,6 +189,8 @@ def guided_decoding_of(body, tool_mode: str) -> GuidedDecodingParams | None:
         value = getattr(body, "guided_" + field)
         if value is not None:
             guides.append(("guided_" + field, GuidedDecodingParams(**{field: value})))
+    if body.structured_outputs is not None:
+        guides.append(("structured_outputs", structured_outputs_guide(body.structured_outputs)))
     tools = getattr(body, "tools", None) or []
     if tool_mode == "required":
         guides.append(("tool_choice", GuidedDecodingParams(json=tool_call_schema(tools))))
@@ -165,6 +231,10 @@ def parse_tool_calls(text: str, tool_mode: str) -> tuple[str | None, list[dict]]
             return None, [_call(c["name"], c["parameters"]) for c in json.loads(text)]
         except (ValueError, KeyError, TypeError):
             return text, []  # cut off by max_tokens: the text is not a complete call
+    try:
+        json.loads(text)
+    except ValueError:
+        return text, []  # the forced call's arguments were cut off: no call a client could parse
     return None, [_call(tool_mode, text)]
 
 
@@ -191,6 +261,13 @@ class TokenTexts:
         return text
 
 
+class TokenIdTexts(TokenTexts):
+    "vLLM's return_tokens_as_token_ids: logprobs name every token 'token_id:<id>'."
+
+    def __call__(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
 def chat_logprobs(entries: list[TokenLogprobs], num_top: int, text) -> dict:
     "OpenAI's chat shape: {'content': [{token, logprob, bytes, top_logprobs: [...]}]}."
 
@@ -209,17 +286,35 @@ def chat_logprobs(entries: list[TokenLogprobs], num_top: int, text) -> dict:
     }
 
 
-def completion_logprobs(entries: list, text, offset: int = 0) -> dict:
+class TextOffsets:
+    """Where each token starts in a text decoded token by token: the characters decoded before it.
+    A token that ends inside a character (byte fallback) adds nothing until the character is whole,
+    so the offsets follow the text the client receives, not the sum of each token's own decode."""
+
+    def __init__(self, tokenizer, start: int = 0, context: list[int] = ()):
+        self.backend = tokenizer.backend_tokenizer
+        self.stream = DecodeStream(skip_special_tokens=False)
+        if context:  # the tokens before, so that the first one decodes with its leading space
+            self.stream.step(self.backend, list(context[-4:]))
+        self.length = start
+
+    def __call__(self, token_ids: list[int]) -> list[int]:
+        offsets = []
+        for t in token_ids:
+            offsets.append(self.length)
+            self.length += len(self.stream.step(self.backend, t) or "")
+        return offsets
+
+
+def completion_logprobs(entries: list, text, offsets: list[int]) -> dict:
     """OpenAI's legacy completions shape: tokens, token_logprobs, top_logprobs ({text: logprob},
-    the chosen token included) and text_offset; an entry that is a bare id (a prompt's first
-    token) has None."""
-    tokens, logprobs, tops, offsets = [], [], [], []
+    the chosen token included) and text_offset (`offsets`, one per entry); an entry that is a bare
+    id (a prompt's first token) has None."""
+    tokens, logprobs, tops = [], [], []
     for e in entries:
         token_id = e if isinstance(e, int) else e.token_id
         s = text(token_id)
         tokens.append(s)
-        offsets.append(offset)
-        offset += len(s)
         if isinstance(e, int):
             logprobs.append(None)
             tops.append(None)
@@ -232,7 +327,7 @@ def completion_logprobs(entries: list, text, offset: int = 0) -> dict:
         "tokens": tokens,
         "token_logprobs": logprobs,
         "top_logprobs": tops,
-        "text_offset": offsets,
+        "text_offset": list(offsets),
     }
 
 
@@ -267,41 +362,65 @@ class OutputExtras:
     calls. One per HTTP request; chapter 9's Responder calls it for each choice and chunk."""
 
     def __init__(self, body, chat: bool, tool_mode: str, texts: TokenTexts):
-        self.chat, self.tool_mode, self.texts = chat, tool_mode, texts
+        self.chat, self.tool_mode = chat, tool_mode
+        self.texts = TokenIdTexts(texts.tokenizer) if body.return_tokens_as_token_ids else texts
         self.echo = bool(getattr(body, "echo", False))
         self.want_prompt_logprobs = body.prompt_logprobs is not None
+        self.want_token_ids = bool(body.return_token_ids)
+        self.parallel_tool_calls = getattr(body, "parallel_tool_calls", True)
         if chat:
             self.num_top = (body.top_logprobs or 0) if body.logprobs else None
         else:
             self.num_top = body.logprobs
         self.buffered: dict[int, str] = {}  # streamed text held back until the tool calls parse
+        self.offsets: dict[int, TextOffsets] = {}  # each streamed choice's text_offset so far
 
     def complete(self, choice: dict, out) -> dict:
         "Fill a non-streamed choice."
         entries = out.outputs[0].logprobs or []
+        if self.want_token_ids:
+            choice["token_ids"] = list(out.token_ids)
         if self.chat:
             if self.num_top is not None:
                 choice["logprobs"] = chat_logprobs(entries, self.num_top, self.texts)
             self._tool_calls(choice, choice["message"], out.text, out.finish_reason)
             return choice
-        offset = 0
-        if self.echo:
-            prompt = self._prompt_text(out)
-            choice["text"] = prompt + choice["text"]
+        if self.want_token_ids:
+            choice["prompt_token_ids"] = list(out.prompt_token_ids)
+        prompt = self._prompt_text(out) if self.echo else ""
+        choice["text"] = prompt + choice["text"]
         if self.num_top is not None:
+            offsets = self._offsets(out, len(prompt))([e.token_id for e in entries])
             if self.echo:
                 entries = self._prompt_entries(out) + entries
-            choice["logprobs"] = completion_logprobs(entries, self.texts, offset)
+                offsets = TextOffsets(self.texts.tokenizer)(out.prompt_token_ids) + offsets
+            choice["logprobs"] = completion_logprobs(entries, self.texts, offsets)
         if self.want_prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(
                 out.prompt_token_ids, out.prompt_logprobs, self.texts
             )
         return choice
 
+    def top_level(self, out) -> dict:
+        """What a chat response carries beside its choices (once: the choices share the prompt):
+        the prompt's token ids and logprobs, when asked for."""
+        top = {}
+        if self.chat and self.want_token_ids:
+            top["prompt_token_ids"] = list(out.prompt_token_ids)
+        if self.chat and self.want_prompt_logprobs:
+            top["prompt_logprobs"] = vllm_prompt_logprobs(
+                out.prompt_token_ids, out.prompt_logprobs, self.texts
+            )
+        return top
+
     def stream(self, index: int, out, delta: dict, first: bool) -> tuple[dict, dict, str | None]:
         "The delta, extra choice fields and finish reason of one streamed output."
         extra, finish = {}, out.finish_reason if out.finished else None
         entries = out.delta_logprobs
+        if self.want_token_ids:
+            extra["token_ids"] = list(out.delta_token_ids)
+            if first and not self.chat:
+                extra["prompt_token_ids"] = list(out.prompt_token_ids)
         if self.chat:
             if self.num_top is not None:
                 extra["logprobs"] = chat_logprobs(entries, self.num_top, self.texts)
@@ -327,11 +446,19 @@ class OutputExtras:
                 extra,
                 choice["finish_reason"],
             )
-        if first and self.echo:
-            delta = {"text": self._prompt_text(out) + delta.get("text", "")}
-            entries = self._prompt_entries(out) + entries
+        prompt = self._prompt_text(out) if first and self.echo else ""
+        if prompt:
+            delta = {"text": prompt + delta.get("text", "")}
         if self.num_top is not None:
-            extra["logprobs"] = completion_logprobs(entries, self.texts)
+            if first:
+                self.offsets[index] = self._offsets(out, len(prompt))
+            offsets = self.offsets[index]([e.token_id for e in entries])
+            if out.finished:
+                del self.offsets[index]
+            if prompt:
+                entries = self._prompt_entries(out) + entries
+                offsets = TextOffsets(self.texts.tokenizer)(out.prompt_token_ids) + offsets
+            extra["logprobs"] = completion_logprobs(entries, self.texts, offsets)
         if first and self.want_prompt_logprobs:
             extra["prompt_logprobs"] = vllm_prompt_logprobs(
                 out.prompt_token_ids or [], out.prompt_logprobs or [], self.texts
@@ -343,6 +470,8 @@ class OutputExtras:
             message.setdefault("content", text)
             return
         content, calls = parse_tool_calls(text, self.tool_mode)
+        if not self.parallel_tool_calls:
+            calls = calls[:1]
         message["content"] = content
         if calls:
             message["tool_calls"] = calls
@@ -355,6 +484,10 @@ class OutputExtras:
             if out.prompt is not None
             else self.texts.tokenizer.decode(out.prompt_token_ids)
         )
+
+    def _offsets(self, out, start: int) -> TextOffsets:
+        "The text_offset of a completion's tokens, which start at character `start`."
+        return TextOffsets(self.texts.tokenizer, start, out.prompt_token_ids or [])
 
     def _prompt_entries(self, out) -> list:
         "The prompt's tokens as logprob entries: the first as a bare id (it has no logprob)."
@@ -398,6 +531,82 @@ def processing_params(body) -> dict:
     )
 
 
+TEMPLATE_OWN = ("messages", "tools", "tokenize", "chat_template", "return_dict", "documents")
+
+
+def prompt_options(body, max_model_len: int) -> dict:
+    """How this body's prompt becomes tokens: the chat template's arguments, special tokens and
+    truncation (vLLM's truncate_prompt_tokens: -1 is the model's length, 'left' keeps the end);
+    APIError names a malformed field."""
+    n = body.truncate_prompt_tokens
+    if n is not None and not (n == -1 or 1 <= n <= max_model_len):
+        _refuse(
+            f"truncate_prompt_tokens is -1 (the model's length) or 1..{max_model_len}",
+            "truncate_prompt_tokens",
+        )
+    if body.truncation_side is not None and n is None:
+        _refuse("truncation_side needs truncate_prompt_tokens", "truncation_side")
+    options = dict(
+        truncate=max_model_len if n == -1 else n,
+        side=body.truncation_side or "left",
+        add_special_tokens=body.add_special_tokens,
+    )
+    if hasattr(body, "messages"):
+        if body.continue_final_message and body.add_generation_prompt:
+            _refuse(
+                "continue_final_message continues the last message; send it with "
+                "add_generation_prompt: false",
+                "continue_final_message",
+            )
+        kwargs = dict(body.chat_template_kwargs or {})
+        taken = sorted(set(kwargs) & set(TEMPLATE_OWN))
+        if taken:
+            _refuse(f"chat_template_kwargs may not set {taken[0]!r}", "chat_template_kwargs")
+        kwargs.update(
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+        )
+        if body.documents is not None:
+            kwargs["documents"] = body.documents
+        if body.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = body.reasoning_effort
+        options["template"] = kwargs
+    return options
+
+
+def shaped_prompt(tokenizer, prompt, options: dict) -> str | list[int]:
+    """A completion prompt (text or ids) as `prompt_options` asks: tokenized without special tokens
+    when add_special_tokens is false, then truncated; unchanged when nothing is asked."""
+    if isinstance(prompt, str) and (options["add_special_tokens"] is False or options["truncate"]):
+        special = options["add_special_tokens"] is not False
+        prompt = tokenizer(prompt, add_special_tokens=special).input_ids
+    return truncated(prompt, options)
+
+
+def truncated(ids, options: dict):
+    n = options["truncate"]
+    if not n or isinstance(ids, str) or len(ids) <= n:
+        return ids
+    return ids[-n:] if options["side"] == "left" else ids[:n]
+
+
+def field_status(model, name: str) -> tuple[str, str]:
+    """How minillm's server treats request field `name` of `model` (ChatCompletionRequest or
+    CompletionRequest): implemented (declared on the model), refused (a 400 naming it unless its
+    value asks for nothing), inert (with the reason) or unknown (a 400 too)."""
+    from minillm.server.protocol import INERT, UNSUPPORTED
+
+    if name in model.model_fields:
+        return "implemented", ""
+    if name in UNSUPPORTED:
+        what, unused = UNSUPPORTED[name]
+        accepted = ", ".join(["null"] + [json.dumps(u) for u in unused])
+        return "refused", f"{what} (accepted: {accepted})"
+    if name in INERT:
+        return "inert", INERT[name]
+    return "unknown", ""
+
+
 def tool_mode(body, tokenizer) -> str:
     "What a chat body's tools ask for; 'auto' only where the chat template renders tools."
     mode = check_tools(body.tools, body.tool_choice)
@@ -418,6 +627,6 @@ def token_texts(tokenizer) -> TokenTexts:
 
 def output_extras(body, chat: bool, tool_mode: str, tokenizer) -> OutputExtras | None:
     "This request's OutputExtras, or None when its responses are plain."
-    asks = body.prompt_logprobs is not None or tool_mode != "none"
+    asks = body.prompt_logprobs is not None or tool_mode != "none" or bool(body.return_token_ids)
     asks = asks or (body.logprobs if chat else body.logprobs is not None or body.echo)
     return OutputExtras(body, chat, tool_mode, token_texts(tokenizer)) if asks else None

@@ -6,6 +6,7 @@
 __all__ = [
     "logger",
     "UNSUPPORTED",
+    "INERT",
     "STRICT",
     "MAX_MESSAGES",
     "MAX_PARTS",
@@ -17,6 +18,8 @@ __all__ = [
     "CompletionRequest",
     "ChatMessage",
     "ChatCompletionRequest",
+    "TokenizeRequest",
+    "DetokenizeRequest",
     "validation_message",
 ]
 
@@ -84,6 +87,43 @@ UNSUPPORTED = {
     "modalities": ("other modalities", (["text"],)),
     "prediction": ("predicted outputs", ()),
     "echo": ("echoing the prompt", (False,)),  # completions have it (chapter 12b); chat does not
+    "store": ("stored completions", (False,)),
+    "web_search_options": ("web search", ()),
+    "verbosity": ("verbosity control", ()),
+    # vLLM's own fields that minillm does not implement
+    "use_beam_search": ("beam search", (False,)),
+    "length_penalty": ("beam search's length penalty", (1.0, 1)),
+    "early_stopping": ("beam search's early stopping", (False,)),
+    "watermarking": ("watermarking", (False,)),
+    "spaces_between_special_tokens": ("spaces between special tokens", (True,)),
+    "allowed_token_ids": ("allowed_token_ids (use logit_bias)", ()),
+    "logprob_token_ids": ("logprobs of chosen token ids", ()),
+    "thinking_token_budget": ("a thinking budget (there is no reasoning parser)", ()),
+    "include_reasoning": ("reasoning content (there is no reasoning parser)", (True,)),
+    "chat_template": ("per-request chat templates", ()),
+    "media_io_kwargs": ("other modalities", ({},)),
+    "mm_processor_kwargs": ("other modalities", ({},)),
+    "prompt_embeds": ("prompt embeddings", ()),
+    "priority": ("priority scheduling", (0,)),
+    "return_prompt_text": ("returning the rendered prompt", (False,)),
+    "cache_salt": ("prefix-cache salts", ()),
+    "ec_transfer_params": ("encoder-cache transfer", ()),
+    "vllm_xargs": ("vllm_xargs extensions", ({},)),
+    "repetition_detection": ("repetition detection", ()),
+    "routed_experts_prompt_start": ("routed experts", (0,)),
+    "logits_processors": ("custom logits processors", ([],)),
+    "guided_decoding_backend": ("choosing the grammar backend", ("xgrammar", "auto")),
+    "guided_whitespace_pattern": ("a whitespace pattern for JSON", ()),
+}
+# fields that cannot change what minillm returns: accepted, with the reason
+INERT = {
+    "user": "an end user's id for the provider's abuse monitoring",
+    "metadata": "tags that OpenAI stores with a stored completion (store is refused)",
+    "service_tier": "OpenAI's processing tiers; minillm has one",
+    "session_id": "routing metadata that groups requests; minillm's output does not depend on it",
+    "stream_interval": "tokens per streamed chunk: minillm sends each step's tokens, same text",
+    "return_token_offsets": "vLLM reads it on its /render endpoints only",
+    "return_mm_kwargs": "vLLM reads it on its /render endpoints only",
 }
 
 
@@ -92,11 +132,9 @@ def _unused(value, unused: tuple) -> bool:
     return value is None or any(type(value) is type(u) and value == u for u in unused)
 
 
-_seen_ignored: set[str] = set()
-
-
 def check_extra_fields(extra: dict[str, Any]):
-    "Refuse fields that would change the output and are not implemented; log the others once."
+    """Refuse every field the request models do not declare, unless it is inert or asks for
+    nothing: a field is implemented, refused by name, or inert, never accepted and ignored."""
     for name, value in extra.items():
         if name in UNSUPPORTED and not _unused(value, UNSUPPORTED[name][1]):
             raise APIError(
@@ -104,9 +142,8 @@ def check_extra_fields(extra: dict[str, Any]):
                 f"{name} ({UNSUPPORTED[name][0]}) is not supported by minillm; remove the field",
                 param=name,
             )
-        if name not in _seen_ignored:
-            _seen_ignored.add(name)
-            logger.info("ignoring request field %r: it does not change minillm's output", name)
+        if name not in UNSUPPORTED and name not in INERT:
+            raise APIError(400, f"unknown field {name[:64]!r}; remove it", param=name[:64])
 
 
 # %% ../../nbs/09_serving.ipynb #07e6329a
@@ -117,6 +154,7 @@ MAX_MESSAGES, MAX_PARTS = 4096, 256  # checked while parsing, before any item is
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # usage in every chunk, not only the last
 
 
 class SamplingFields(BaseModel):
@@ -151,11 +189,23 @@ class SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's current name for the guided fields
+    return_token_ids: bool | None = None  # the prompt's and each choice's token ids
+    return_tokens_as_token_ids: bool | None = None  # logprobs name tokens "token_id:<id>"
+    truncate_prompt_tokens: int | None = None  # keep N prompt tokens (-1: max_model_len)
+    truncation_side: Literal["left", "right"] | None = None  # which end truncation cuts
+    add_special_tokens: bool | None = None  # BOS and such (default: chat False, completions True)
+    request_id: str | None = None  # the response's id ends with it
     kv_transfer_params: dict[str, Any] | None = None  # chapter 14: vLLM's name, set by a proxy
 
     def sampling_params(self, max_tokens: int | None, limits: ServerLimits) -> SamplingParams:
         "The engine's SamplingParams, checked against `limits`; APIError names a bad field."
         check_extra_fields(self.model_extra or {})
+        _limit(
+            self.stream or self.stream_options is None,
+            "stream_options is only allowed when stream is true",
+            "stream_options",
+        )
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         _limit(self.n <= limits.max_n, f"n must be at most {limits.max_n}", "n")
         _limit(len(stop) <= limits.max_stop, f"at most {limits.max_stop} stop strings", "stop")
@@ -271,12 +321,40 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None  # and of the N most likely there
     tools: list[dict[str, Any]] | None = None  # functions the model may call
     tool_choice: str | dict[str, Any] | None = None  # none, auto, required or one function
+    parallel_tool_calls: bool = True  # False: at most one call per answer
+    # chapter 12b: how the messages become a prompt (the chat template's own arguments)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
+    reasoning_effort: str | None = None
 
     def tool_mode(self, tokenizer) -> str:
         "none, auto, required or the forced function's name (chapter 12b); APIError if impossible."
         from minillm.server.openai_fields import tool_mode
 
         return tool_mode(self, tokenizer)
+
+
+class TokenizeRequest(BaseModel):
+    "vLLM's /tokenize: a prompt, or messages in the chat template."
+
+    model_config = STRICT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    "vLLM's /detokenize: token ids back to text."
+
+    model_config = STRICT
+    model: str | None = None
+    tokens: list[int]
 
 
 def _checked_text(text: str, param: str) -> str:
