@@ -260,6 +260,7 @@ d = {
             "minillm.cli._default_bench_mode": ("cli.html#_default_bench_mode", "minillm/cli.py"),
             "minillm.cli._stream": ("cli.html#_stream", "minillm/cli.py"),
             "minillm.cli._workload_flags": ("cli.html#_workload_flags", "minillm/cli.py"),
+            "minillm.cli.add_chat_flags": ("cli.html#add_chat_flags", "minillm/cli.py"),
             "minillm.cli.add_engine_flags": ("cli.html#add_engine_flags", "minillm/cli.py"),
             "minillm.cli.add_limit_flags": ("cli.html#add_limit_flags", "minillm/cli.py"),
             "minillm.cli.add_sampling_flags": ("cli.html#add_sampling_flags", "minillm/cli.py"),
@@ -758,6 +759,10 @@ d = {
             ),
             "minillm.engine.block_manager.BlockManager.record_lookup": (
                 "block_manager.html#blockmanager.record_lookup",
+                "minillm/engine/block_manager.py",
+            ),
+            "minillm.engine.block_manager.BlockManager.reset_prefix_cache": (
+                "block_manager.html#blockmanager.reset_prefix_cache",
                 "minillm/engine/block_manager.py",
             ),
             "minillm.engine.block_manager.BlockManager.usage": (
@@ -2368,6 +2373,10 @@ d = {
                 "serving.html#_add_error_handlers",
                 "minillm/server/api_server.py",
             ),
+            "minillm.server.api_server._add_worker_endpoints": (
+                "serving.html#_add_worker_endpoints",
+                "minillm/server/api_server.py",
+            ),
             "minillm.server.api_server._error_of": (
                 "serving.html#_error_of",
                 "minillm/server/api_server.py",
@@ -2433,6 +2442,10 @@ d = {
             ),
             "minillm.server.async_engine.AsyncEngine.alive": (
                 "serving.html#asyncengine.alive",
+                "minillm/server/async_engine.py",
+            ),
+            "minillm.server.async_engine.AsyncEngine.call": (
+                "serving.html#asyncengine.call",
                 "minillm/server/async_engine.py",
             ),
             "minillm.server.async_engine.AsyncEngine.num_sinks": (
@@ -2505,6 +2518,18 @@ d = {
                 "serving.html#servermetrics.render",
                 "minillm/server/metrics.py",
             ),
+            "minillm.server.metrics.VllmNames": (
+                "serving.html#vllmnames",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics.VllmNames.__init__": (
+                "serving.html#vllmnames.__init__",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics.VllmNames.collect": (
+                "serving.html#vllmnames.collect",
+                "minillm/server/metrics.py",
+            ),
         },
         "minillm.server.openai_fields": {
             "minillm.server.openai_fields.OutputExtras": (
@@ -2525,6 +2550,10 @@ d = {
             ),
             "minillm.server.openai_fields.OutputExtras._prompt_text": (
                 "openai_api.html#outputextras._prompt_text",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.OutputExtras._stream_auto": (
+                "openai_api.html#outputextras._stream_auto",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.OutputExtras._tool_calls": (
@@ -2575,16 +2604,16 @@ d = {
                 "openai_api.html#tokentexts.__init__",
                 "minillm/server/openai_fields.py",
             ),
-            "minillm.server.openai_fields._call": (
-                "openai_api.html#_call",
-                "minillm/server/openai_fields.py",
-            ),
             "minillm.server.openai_fields._finite": (
                 "openai_api.html#_finite",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields._refuse": (
                 "openai_api.html#_refuse",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.chat_input": (
+                "openai_api.html#chat_input",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.chat_logprobs": (
@@ -2605,6 +2634,10 @@ d = {
             ),
             "minillm.server.openai_fields.guided_decoding_of": (
                 "openai_api.html#guided_decoding_of",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.load_chat_template": (
+                "openai_api.html#load_chat_template",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.output_extras": (
@@ -2641,6 +2674,10 @@ d = {
             ),
             "minillm.server.openai_fields.template_renders_tools": (
                 "openai_api.html#template_renders_tools",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.template_uses": (
+                "openai_api.html#template_uses",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.token_texts": (
@@ -2733,10 +2770,6 @@ d = {
                 "serving.html#tokenizerequest",
                 "minillm/server/protocol.py",
             ),
-            "minillm.server.protocol._checked_text": (
-                "serving.html#_checked_text",
-                "minillm/server/protocol.py",
-            ),
             "minillm.server.protocol._default": (
                 "serving.html#_default",
                 "minillm/server/protocol.py",
@@ -2750,9 +2783,119 @@ d = {
                 "serving.html#check_extra_fields",
                 "minillm/server/protocol.py",
             ),
+            "minillm.server.protocol.checked_text": (
+                "serving.html#checked_text",
+                "minillm/server/protocol.py",
+            ),
             "minillm.server.protocol.validation_message": (
                 "serving.html#validation_message",
                 "minillm/server/protocol.py",
+            ),
+        },
+        "minillm.server.tool_parsers": {
+            "minillm.server.tool_parsers.HermesToolParser": (
+                "openai_api.html#hermestoolparser",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.HermesToolParser.__init__": (
+                "openai_api.html#hermestoolparser.__init__",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.HermesToolParser._content": (
+                "openai_api.html#hermestoolparser._content",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.HermesToolParser.feed": (
+                "openai_api.html#hermestoolparser.feed",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.HermesToolParser.finish": (
+                "openai_api.html#hermestoolparser.finish",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.HermesToolParser.instructions": (
+                "openai_api.html#hermestoolparser.instructions",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.HermesToolParser.written": (
+                "openai_api.html#hermestoolparser.written",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.Llama3JsonToolParser": (
+                "openai_api.html#llama3jsontoolparser",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.Llama3JsonToolParser.__init__": (
+                "openai_api.html#llama3jsontoolparser.__init__",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.Llama3JsonToolParser.feed": (
+                "openai_api.html#llama3jsontoolparser.feed",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.Llama3JsonToolParser.finish": (
+                "openai_api.html#llama3jsontoolparser.finish",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.Llama3JsonToolParser.instructions": (
+                "openai_api.html#llama3jsontoolparser.instructions",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.Llama3JsonToolParser.written": (
+                "openai_api.html#llama3jsontoolparser.written",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser": (
+                "openai_api.html#toolparser",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser.__init__": (
+                "openai_api.html#toolparser.__init__",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser._call": (
+                "openai_api.html#toolparser._call",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser.extract": (
+                "openai_api.html#toolparser.extract",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser.feed": (
+                "openai_api.html#toolparser.feed",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser.finish": (
+                "openai_api.html#toolparser.finish",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser.instructions": (
+                "openai_api.html#toolparser.instructions",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser.result": (
+                "openai_api.html#toolparser.result",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.ToolParser.written": (
+                "openai_api.html#toolparser.written",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers._earlier_call": (
+                "openai_api.html#_earlier_call",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers._partial_suffix": (
+                "openai_api.html#_partial_suffix",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.tool_call": (
+                "openai_api.html#tool_call",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.tools_in_prompt": (
+                "openai_api.html#tools_in_prompt",
+                "minillm/server/tool_parsers.py",
             ),
         },
         "minillm.spec_decode.proposers": {

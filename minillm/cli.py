@@ -20,6 +20,7 @@ __all__ = [
     "cmd_bench",
     "cmd_bench_online",
     "add_limit_flags",
+    "add_chat_flags",
     "parser",
     "main",
 ]
@@ -219,6 +220,11 @@ def cmd_serve(args):
         args.log_level,
         limits,
         args.protect_metrics,
+        chat_options={
+            "enable_auto_tool_choice": args.enable_auto_tool_choice,
+            "tool_call_parser": args.tool_call_parser,
+            "chat_template": args.chat_template,
+        },
         **engine_kwargs(args),
     )
 
@@ -346,6 +352,28 @@ def _workload_flags(p, num_requests, prompt, output):
         p.add_argument(flag, type=int, default=default)
 
 
+def add_chat_flags(p: argparse.ArgumentParser):
+    "vLLM's flags for tool calls and the chat template (chapter 12b)."
+    from minillm.server.tool_parsers import TOOL_PARSERS
+
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accept tool_choice 'auto' (the default when tools are sent): the model may call them",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default="hermes",
+        help="the format the model writes tool calls in (default: %(default)s)",
+    )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template (a file, or the template itself) in place of the model's",
+    )
+
+
 # %% ../nbs/09b_cli.ipynb #6ef9bd51
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -371,6 +399,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--protect-metrics", action="store_true", help="require the API key on /metrics too"
     )
+    add_chat_flags(s)
     add_limit_flags(s)
     add_engine_flags(s)
     s.set_defaults(func=cmd_serve)

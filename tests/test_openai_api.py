@@ -701,6 +701,17 @@ def test_server_chat_template_arguments(server, client, tokenizer):
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
     r = _post(server, "chat", {"chat_template_kwargs": {"tools": []}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+    # variables this model's template never reads: refused, not accepted and ignored
+    assert not re.search(
+        r"\b(documents|reasoning_effort|enable_thinking)\b", tokenizer.chat_template
+    )
+    for field, value in [
+        ("documents", [{"title": "t", "text": "x"}]),
+        ("reasoning_effort", "low"),
+        ("chat_template_kwargs", {"enable_thinking": False}),
+    ]:
+        r = _post(server, "chat", {field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     r = _post(server, "chat", {"request_id": "abc123"}).json()
     assert r["id"] == "chatcmpl-abc123"
 

@@ -303,6 +303,17 @@ def test_bad_chat_requests_and_auth(server, client):
     wait_pool_free(server)
 
 
+def test_tool_choice_auto_needs_the_flag_as_in_vllm(client):
+    "Tools without tool_choice mean 'auto'; without --enable-auto-tool-choice, the 400 says so."
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "hi"}], tools=[tool]
+        )
+    assert e.value.body["param"] == "tool_choice"
+    assert "--enable-auto-tool-choice" in e.value.body["message"]
+
+
 def test_long_message_content_is_accepted_and_parts_are_bounded():
     # a message's string may be long (a system prompt of a few KB); only lists of parts are bounded
     from pydantic import ValidationError

@@ -63,9 +63,8 @@ class BlockManager:
         self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.empty: deque[int] = deque(range(num_blocks))  # free, holding nothing reusable
-        self.cached_free: OrderedDict[int, None] = (
-            OrderedDict()
-        )  # free, holding a cached prefix; LRU first
+        # free, holding a cached prefix; least recently used first
+        self.cached_free: OrderedDict[int, None] = OrderedDict()
         self.hash_to_block: dict[int, int] = {}
         self.queries = self.hits = 0  # prompt tokens looked up in the prefix cache, and found
 
@@ -168,6 +167,19 @@ class BlockManager:
             if h not in self.hash_to_block:  # a twin computed by another sequence keeps the entry
                 blk.hash, blk.token_ids, blk.parent = h, tokens, parent
                 self.hash_to_block[h] = blk.block_id
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (vLLM's reset_prefix_cache; a router's flush_cache): free
+        cached blocks become empty, blocks in use stay with their sequences and come back empty
+        when freed. Returns how many blocks were forgotten."""
+        for block_id in self.hash_to_block.values():
+            blk = self.blocks[block_id]
+            blk.hash, blk.token_ids, blk.parent = None, (), None
+        forgotten = len(self.hash_to_block)
+        self.empty.extend(self.cached_free)
+        self.cached_free.clear()
+        self.hash_to_block.clear()
+        return forgotten
 
     def free(self, seq: Sequence):
         "Release all of `seq`'s blocks (tail first). Its progress is the scheduler's to reset."

@@ -9,6 +9,7 @@ __all__ = ["logger", "error_response", "BodyLimit", "Admission", "Responder", "b
 
 # %% ../../nbs/09_serving.ipynb #e1bbd7c8
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -33,8 +34,8 @@ from minillm.server.protocol import (
     SamplingFields,
     ServerLimits,
     TokenizeRequest,
-    _checked_text,
     check_extra_fields,
+    checked_text,
     validation_message,
 )
 
@@ -288,9 +289,8 @@ class Responder:
                         yield self._chunk(index, delta, finish, extra, top=usage)
                 elif out.delta_text or out.finished:
                     yield self._chunk(index, self._delta(out.delta_text), finish, top=usage)
-        except (
-            Exception
-        ) as e:  # a failed request (or a dead engine) ends the stream with an error event
+        except Exception as e:
+            # a failed request (or a dead engine) ends the stream with an error event
             yield _sse(_error_of(e).body())
         else:
             if include_usage:
@@ -332,13 +332,26 @@ def build_app(
     api_key: str | None = None,
     limits: ServerLimits | None = None,
     protect_metrics: bool = False,
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str = "hermes",
+    chat_template: str | None = None,
 ) -> FastAPI:
-    "An OpenAI-compatible FastAPI app around `engine`."
-    metrics, limits = ServerMetrics(), limits or ServerLimits()
+    """An OpenAI-compatible FastAPI app around `engine`. The last three are vLLM's flags of the
+    same names (chapter 12b): tool_choice 'auto', the model's tool-call format, and a chat template
+    (a file or the template itself) in place of the model's."""
+    from minillm.server.openai_fields import load_chat_template
+    from minillm.server.tool_parsers import TOOL_PARSERS
+
+    if tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(f"--tool-call-parser is one of {', '.join(TOOL_PARSERS)}")
+    parser = TOOL_PARSERS[tool_call_parser]
     aeng = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
+    if chat_template is not None:
+        aeng.engine.tokenizer.chat_template = load_chat_template(chat_template)
+    name = served_model_name or aeng.engine.model_name
+    metrics, limits = ServerMetrics(name), limits or ServerLimits()
     aeng.on_step = metrics.on_step
     aeng.on_abort = metrics.finished.labels("abort").inc
-    name = served_model_name or aeng.engine.model_name
     admission = Admission(aeng, limits, metrics)
 
     @asynccontextmanager
@@ -373,17 +386,24 @@ def build_app(
         "Chapter 12b's additions to the responses (logprobs, echo, tool calls), or None."
         from minillm.server.openai_fields import output_extras
 
-        return output_extras(body, chat, tool_mode, aeng.engine.tokenizer)
+        return output_extras(body, chat, tool_mode, aeng.engine.tokenizer, parser)
+
+    def chat_input(messages: list[dict], tools: list | None, tool_mode: str):
+        "Chapter 12b: the messages and tools the chat template gets."
+        from minillm.server.openai_fields import chat_input
+
+        return chat_input(messages, tools, tool_mode, aeng.engine.tokenizer, parser())
 
     def prompt_options(body) -> dict:
         "Chapter 12b's chat template arguments, special tokens and truncation of this body."
         from minillm.server.openai_fields import prompt_options
 
-        return prompt_options(body, aeng.engine.max_model_len)
+        return prompt_options(body, aeng.engine.max_model_len, aeng.engine.tokenizer)
 
-    async def serve_request(raw, body, prompts, params, chat_messages=None, tool_mode="none"):
+    async def serve_request(
+        raw, body, prompts, params, chat_messages=None, tool_mode="none", tools=None
+    ):
         admission.check_queue(len(prompts) * params.n)
-        tools = body.tools if tool_mode != "none" else None
         kv_params, options = body.kv_transfer_params, prompt_options(body)
         reqs = await admission.requests(prompts, params, chat_messages, tools, kv_params, options)
         # the queue may have filled while this request was tokenized
@@ -405,9 +425,10 @@ def build_app(
         check_key(raw)
         check_model(body.model)
         params = body.sampling_params(body.max_completion_tokens or body.max_tokens, limits)
-        tool_mode = body.tool_mode(aeng.engine.tokenizer)  # chapter 12b
+        tool_mode = body.tool_mode(enable_auto_tool_choice)  # chapter 12b
         messages = [m.as_dict() for m in body.messages]
-        return await serve_request(raw, body, [None], params, messages, tool_mode)
+        messages, tools = chat_input(messages, body.tools, tool_mode)
+        return await serve_request(raw, body, [None], params, messages, tool_mode, tools)
 
     card = {
         "id": name,
@@ -438,17 +459,21 @@ def build_app(
         check_model(body.model)
         check_extra_fields(body.model_extra or {})
         if (body.prompt is None) == (body.messages is None):
-            raise APIError(400, "send a prompt or messages, not both", param="prompt")
+            raise APIError(400, "send either a prompt or messages", param="prompt")
         tok = aeng.engine.tokenizer
 
         def ids() -> list[int]:
             if body.prompt is not None:
-                text = _checked_text(body.prompt, "prompt")
+                text = checked_text(body.prompt, "prompt")
                 return tok(text, add_special_tokens=body.add_special_tokens is not False).input_ids
+            tool_mode = "auto" if body.tools else "none"  # the prompt a chat with them sees
+            sent = [m.as_dict() for m in body.messages]
+            messages, tools = chat_input(sent, body.tools, tool_mode)
             try:
                 return encode_chat(
                     tok,
-                    [m.as_dict() for m in body.messages],
+                    messages,
+                    tools,
                     add_special_tokens=bool(body.add_special_tokens),
                     add_generation_prompt=body.add_generation_prompt,
                     continue_final_message=body.continue_final_message,
@@ -491,12 +516,44 @@ def build_app(
         metrics.sinks.set(aeng.num_sinks)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    _add_worker_endpoints(app, aeng, name, check_key)
     app.add_middleware(
         BodyLimit,
         max_bytes=limits.max_body_bytes,
         on_refuse=lambda: metrics.rejected.labels("too_large").inc(),
     )
     return app
+
+
+# %% ../../nbs/09_serving.ipynb #7fb27b941602401d91542211134fc71a
+def _add_worker_endpoints(app: FastAPI, aeng: AsyncEngine, name: str, check_key):
+    """What production routers ask of a worker (vllm-router, SGLang's gateway; chapter 14): its
+    load, what it serves, and a prefix cache flush (which needs the API key when there is one)."""
+
+    @app.get("/get_load")
+    async def get_load():
+        sched = aeng.engine.scheduler
+        running, waiting = len(sched.running), len(sched.waiting) + aeng.num_queued
+        return {"load": running + waiting, "running": running, "waiting": waiting}
+
+    @app.get("/get_server_info")
+    async def get_server_info():
+        config = dataclasses.asdict(aeng.engine.config)
+        return {"served_model_name": name, "version": __version__, **config}
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        path = aeng.engine.config.model
+        return {"model_path": path, "tokenizer_path": path, "is_generation": True}
+
+    async def reset_prefix_cache(raw: HTTPRequest):
+        check_key(raw)
+        forgotten = await aeng.call(lambda engine: engine.block_manager.reset_prefix_cache())
+        return {"flushed_blocks": forgotten}
+
+    # SGLang's name and vLLM's for the same request
+    app.post("/flush_cache")(reset_prefix_cache)
+    app.post("/reset_prefix_cache")(reset_prefix_cache)
 
 
 # %% ../../nbs/09_serving.ipynb #72f59226
@@ -544,14 +601,17 @@ def serve(
     log_level: str = "info",
     limits: ServerLimits | None = None,
     protect_metrics: bool = False,
+    chat_options: dict | None = None,
     **engine_kwargs,
 ):
-    "Load a model and serve it over the OpenAI API until interrupted."
+    """Load a model and serve it over the OpenAI API until interrupted; `chat_options`:
+    build_app's tool and chat template settings."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
     aeng = AsyncEngine(config=EngineConfig(**engine_kwargs))
-    app = build_app(aeng, served_model_name, api_key, limits, protect_metrics)
+    options = chat_options or {}
+    app = build_app(aeng, served_model_name, api_key, limits, protect_metrics, **options)
     print(
         f"minillm: serving {served_model_name or aeng.engine.model_name} on "
         f"http://{host}:{port}/v1",

@@ -7,6 +7,7 @@ __all__ = ["logger", "RequestFailed", "Sink", "AsyncEngine", "Submission"]
 
 # %% ../../nbs/09_serving.ipynb #bdaec384
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -114,6 +115,12 @@ class AsyncEngine:
                 except ValueError as e:
                     self._sinks.pop(req.request_id)
                     sink.put((index, e))
+        elif kind == "call":  # a function of the engine, run between steps (flush_cache)
+            for fn, done in items:
+                try:
+                    done.set_result(fn(self.engine))
+                except Exception as e:
+                    done.set_exception(e)
         elif kind == "abort":
             for request_id in items:
                 if self.engine.abort_request(request_id) and self.on_abort:
@@ -140,12 +147,23 @@ class AsyncEngine:
                 return
             for req, sink, index in items if kind == "add" else ():
                 sink.put((index, error))
+            for fn, done in items if kind == "call" else ():
+                done.set_exception(error)
 
     def _check_alive(self):
         if not self.alive:
             if isinstance(self.error, EngineDeadError):
                 raise self.error
             raise EngineDeadError("the engine is not running")
+
+    async def call(self, fn):
+        "`fn(engine)` on the engine thread, between two steps: its result, or its exception."
+        self._check_alive()
+        done = concurrent.futures.Future()
+        self._commands.put(("call", [(fn, done)]))
+        if not self.alive:
+            self._check_alive()
+        return await asyncio.wrap_future(done)
 
     def submit(self, requests: list[Request]) -> "Submission":
         """Hand `requests` (checked by `LLMEngine.make_request`) to the engine thread; their outputs

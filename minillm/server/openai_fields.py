@@ -5,7 +5,6 @@
 # %% auto #0
 __all__ = [
     "STRUCTURED_KEYS",
-    "TOOL_CALL",
     "MAX_LOGIT_BIAS",
     "MAX_BAD_WORDS",
     "TEMPLATE_OWN",
@@ -13,10 +12,12 @@ __all__ = [
     "rebased_refs",
     "tool_call_schema",
     "check_tools",
+    "template_uses",
     "template_renders_tools",
     "structured_outputs_guide",
     "guided_decoding_of",
     "parse_tool_calls",
+    "chat_input",
     "TokenTexts",
     "TokenIdTexts",
     "chat_logprobs",
@@ -30,6 +31,7 @@ __all__ = [
     "truncated",
     "field_status",
     "tool_mode",
+    "load_chat_template",
     "token_texts",
     "output_extras",
 ]
@@ -38,13 +40,13 @@ __all__ = [
 import functools
 import json
 import re
-import uuid
 
 from tokenizers.decoders import DecodeStream
 
 from ..engine.logits_processor import TokenLogprobs
 from ..engine.structured_output import GuidedDecodingParams
 from .protocol import APIError
+from .tool_parsers import HermesToolParser, ToolParser, tool_call, tools_in_prompt
 
 
 def _refuse(message: str, param: str):
@@ -140,9 +142,14 @@ def check_tools(tools: list | None, tool_choice) -> str:
     return name
 
 
+def template_uses(tokenizer, name: str) -> bool:
+    "Does the chat template read the variable `name` (tools, documents, reasoning_effort...)?"
+    return bool(re.search(rf"\b{re.escape(name)}\b", tokenizer.chat_template or ""))
+
+
 def template_renders_tools(tokenizer) -> bool:
     "Does the chat template use the `tools` it is given (the models trained to call tools do)?"
-    return bool(re.search(r"\btools\b", tokenizer.chat_template or ""))
+    return template_uses(tokenizer, "tools")
 
 
 STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
@@ -208,43 +215,39 @@ def guided_decoding_of(body, tool_mode: str) -> GuidedDecodingParams | None:
 
 
 # %% ../../nbs/12b_openai_api.ipynb #0f0825fa
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def parse_tool_calls(text: str, tool_mode: str) -> tuple[str | None, list[dict]]:
+def parse_tool_calls(
+    text: str, tool_mode: str, parser: type[ToolParser] = HermesToolParser
+) -> tuple[str | None, list[dict]]:
     """The message content and tool calls in a completion's text: the forced function's arguments,
-    the 'required' array, or (auto) Hermes-style <tool_call>{"name", "arguments"}</tool_call>."""
+    the 'required' array, or (auto) the calls `parser` finds."""
     if tool_mode == "none":
         return text, []
     if tool_mode == "auto":
-        calls = []
-        for m in TOOL_CALL.finditer(text):
-            try:
-                call = json.loads(m.group(1))
-                calls.append((call["name"], call.get("arguments", {})))
-            except (ValueError, KeyError, TypeError):
-                return text, []  # not a well-formed call: leave the text as the model wrote it
-        content = TOOL_CALL.sub("", text).strip() if calls else text
-        return content or None, [_call(n, a) for n, a in calls]
+        return parser.extract(text)
     if tool_mode == "required":
         try:
-            return None, [_call(c["name"], c["parameters"]) for c in json.loads(text)]
+            return None, [tool_call(c["name"], c["parameters"]) for c in json.loads(text)]
         except (ValueError, KeyError, TypeError):
             return text, []  # cut off by max_tokens: the text is not a complete call
     try:
         json.loads(text)
     except ValueError:
         return text, []  # the forced call's arguments were cut off: no call a client could parse
-    return None, [_call(tool_mode, text)]
+    return None, [tool_call(tool_mode, text)]
 
 
-def _call(name: str, arguments) -> dict:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {
-        "id": "call_" + uuid.uuid4().hex[:24],
-        "type": "function",
-        "function": {"name": name, "arguments": args},
-    }
+def chat_input(
+    messages: list[dict], tools: list | None, tool_mode: str, tokenizer, parser: ToolParser
+) -> tuple[list[dict], list | None]:
+    """The messages and tools a chat template gets: as sent where it renders tools; where it does
+    not, rewritten by `tools_in_prompt` (the tools shown only under 'auto', which needs them)."""
+    tools = tools if tool_mode != "none" else None
+    if template_renders_tools(tokenizer):
+        return messages, tools
+    try:
+        return tools_in_prompt(messages, tools if tool_mode == "auto" else None, parser), None
+    except ValueError as e:
+        _refuse(str(e), "messages")
 
 
 # %% ../../nbs/12b_openai_api.ipynb #4dca5a17
@@ -361,8 +364,10 @@ class OutputExtras:
     """What chapter 12b adds to a response: logprobs, the echoed prompt and its logprobs, tool
     calls. One per HTTP request; chapter 9's Responder calls it for each choice and chunk."""
 
-    def __init__(self, body, chat: bool, tool_mode: str, texts: TokenTexts):
-        self.chat, self.tool_mode = chat, tool_mode
+    def __init__(
+        self, body, chat: bool, tool_mode: str, texts: TokenTexts, parser=HermesToolParser
+    ):
+        self.chat, self.tool_mode, self.parser = chat, tool_mode, parser
         self.texts = TokenIdTexts(texts.tokenizer) if body.return_tokens_as_token_ids else texts
         self.echo = bool(getattr(body, "echo", False))
         self.want_prompt_logprobs = body.prompt_logprobs is not None
@@ -372,7 +377,8 @@ class OutputExtras:
             self.num_top = (body.top_logprobs or 0) if body.logprobs else None
         else:
             self.num_top = body.logprobs
-        self.buffered: dict[int, str] = {}  # streamed text held back until the tool calls parse
+        self.buffered: dict[int, str] = {}  # a streamed 'required' answer, held until it parses
+        self.parsers: dict[int, ToolParser] = {}  # each streamed choice's parser under 'auto'
         self.offsets: dict[int, TextOffsets] = {}  # each streamed choice's text_offset so far
 
     def complete(self, choice: dict, out) -> dict:
@@ -426,10 +432,12 @@ class OutputExtras:
                 extra["logprobs"] = chat_logprobs(entries, self.num_top, self.texts)
             if self.tool_mode == "none":
                 return delta, extra, finish
-            if self.tool_mode not in ("auto", "required"):  # a named function: arguments stream
+            if self.tool_mode == "auto":
+                return self._stream_auto(index, out, extra, finish)
+            if self.tool_mode != "required":  # a named function: arguments stream
                 call = {"index": 0, "function": {"arguments": out.delta_text}}
                 if first:
-                    call = _call(self.tool_mode, out.delta_text) | {"index": 0}
+                    call = tool_call(self.tool_mode, out.delta_text) | {"index": 0}
                 return {"tool_calls": [call]}, extra, finish
             self.buffered[index] = self.buffered.get(index, "") + out.delta_text
             if not out.finished:
@@ -465,11 +473,30 @@ class OutputExtras:
             )
         return delta, extra, finish
 
+    def _stream_auto(self, index: int, out, extra: dict, finish: str | None):
+        "Under 'auto': text as it comes, each call once it closes (the parser holds back the rest)."
+        parser = self.parsers.setdefault(index, self.parser())
+        content, calls = parser.feed(out.delta_text)
+        if out.finished:
+            rest, more = parser.finish()
+            content, calls = content + rest, calls + more
+            del self.parsers[index]
+            if parser.calls and finish == "stop":
+                finish = "tool_calls"
+        first = parser.calls - len(calls)  # the answer's index of this chunk's first call
+        numbered = [c | {"index": first + i} for i, c in enumerate(calls)]
+        if not self.parallel_tool_calls:
+            numbered = [c for c in numbered if c["index"] == 0]
+        delta = {"content": content} if content else {}
+        if numbered:
+            delta["tool_calls"] = numbered
+        return delta, extra, finish
+
     def _tool_calls(self, choice: dict, message: dict, text: str, finish: str | None):
         if self.tool_mode == "none":
             message.setdefault("content", text)
             return
-        content, calls = parse_tool_calls(text, self.tool_mode)
+        content, calls = parse_tool_calls(text, self.tool_mode, self.parser)
         if not self.parallel_tool_calls:
             calls = calls[:1]
         message["content"] = content
@@ -534,7 +561,7 @@ def processing_params(body) -> dict:
 TEMPLATE_OWN = ("messages", "tools", "tokenize", "chat_template", "return_dict", "documents")
 
 
-def prompt_options(body, max_model_len: int) -> dict:
+def prompt_options(body, max_model_len: int, tokenizer) -> dict:
     """How this body's prompt becomes tokens: the chat template's arguments, special tokens and
     truncation (vLLM's truncate_prompt_tokens: -1 is the model's length, 'left' keeps the end);
     APIError names a malformed field."""
@@ -570,6 +597,14 @@ def prompt_options(body, max_model_len: int) -> dict:
             kwargs["documents"] = body.documents
         if body.reasoning_effort is not None:
             kwargs["reasoning_effort"] = body.reasoning_effort
+        # transformers applies these two; any other variable the template never reads is refused
+        own = ("add_generation_prompt", "continue_final_message")
+        for name in sorted(set(kwargs) - set(own)):
+            if not template_uses(tokenizer, name):
+                field = (
+                    name if name in ("documents", "reasoning_effort") else "chat_template_kwargs"
+                )
+                _refuse(f"this model's chat template does not use {name!r}", field)
         options["template"] = kwargs
     return options
 
@@ -607,17 +642,30 @@ def field_status(model, name: str) -> tuple[str, str]:
     return "unknown", ""
 
 
-def tool_mode(body, tokenizer) -> str:
-    "What a chat body's tools ask for; 'auto' only where the chat template renders tools."
+def tool_mode(body, auto_tools: bool) -> str:
+    """What a chat body's tools ask for; 'auto' only on a server started with
+    --enable-auto-tool-choice (`auto_tools`), as in vLLM."""
     mode = check_tools(body.tools, body.tool_choice)
-    if mode == "auto" and not template_renders_tools(tokenizer):
+    if mode == "auto" and not auto_tools:
         _refuse(
             "tool_choice 'auto' (the default when tools are given) lets the model decide whether "
-            "to call a tool, and this model's chat template does not render tools; send "
-            "tool_choice 'required' or {'type': 'function', 'function': {'name': ...}}",
+            "to call a tool; start the server with --enable-auto-tool-choice (and "
+            "--tool-call-parser for the model's format, hermes by default), or send tool_choice "
+            "'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
             "tool_choice",
         )
     return mode
+
+
+def load_chat_template(value: str) -> str:
+    "vLLM's --chat-template: a file's path, or the Jinja template itself (it has '{{' or '{%')."
+    if "{{" in value or "{%" in value:
+        return value
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"--chat-template: cannot read {value!r} ({e.strerror})") from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -625,8 +673,10 @@ def token_texts(tokenizer) -> TokenTexts:
     return TokenTexts(tokenizer)
 
 
-def output_extras(body, chat: bool, tool_mode: str, tokenizer) -> OutputExtras | None:
+def output_extras(
+    body, chat: bool, tool_mode: str, tokenizer, parser=HermesToolParser
+) -> OutputExtras | None:
     "This request's OutputExtras, or None when its responses are plain."
     asks = body.prompt_logprobs is not None or tool_mode != "none" or bool(body.return_token_ids)
     asks = asks or (body.logprobs if chat else body.logprobs is not None or body.echo)
-    return OutputExtras(body, chat, tool_mode, token_texts(tokenizer)) if asks else None
+    return OutputExtras(body, chat, tool_mode, token_texts(tokenizer), parser) if asks else None

@@ -4,7 +4,6 @@
 
 # %% auto #0
 __all__ = [
-    "logger",
     "UNSUPPORTED",
     "INERT",
     "STRICT",
@@ -20,11 +19,11 @@ __all__ = [
     "ChatCompletionRequest",
     "TokenizeRequest",
     "DetokenizeRequest",
+    "checked_text",
     "validation_message",
 ]
 
 # %% ../../nbs/09_serving.ipynb #97593025
-import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -32,8 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..llm import as_prompt_list
 from ..sampling import SamplingParams, check_text
-
-logger = logging.getLogger("minillm")
 
 
 @dataclass
@@ -114,6 +111,13 @@ UNSUPPORTED = {
     "logits_processors": ("custom logits processors", ([],)),
     "guided_decoding_backend": ("choosing the grammar backend", ("xgrammar", "auto")),
     "guided_whitespace_pattern": ("a whitespace pattern for JSON", ()),
+    # SGLang's fields, which its gateway and vllm-router send with every request (chapter 14)
+    "no_stop_trim": ("keeping the stop string in the output", (False,)),
+    "return_hidden_states": ("hidden states", (False,)),
+    "lora_path": ("LoRA adapters", ()),
+    "session_params": ("SGLang's sessions", ({},)),
+    "regex": ("SGLang's regex; use structured_outputs", ()),
+    "ebnf": ("SGLang's ebnf; use structured_outputs", ()),
 }
 # fields that cannot change what minillm returns: accepted, with the reason
 INERT = {
@@ -124,6 +128,9 @@ INERT = {
     "stream_interval": "tokens per streamed chunk: minillm sends each step's tokens, same text",
     "return_token_offsets": "vLLM reads it on its /render endpoints only",
     "return_mm_kwargs": "vLLM reads it on its /render endpoints only",
+    "separate_reasoning": "SGLang's split of reasoning from content; without a reasoning parser "
+    "there is nothing to split",
+    "stream_reasoning": "SGLang's streaming of reasoning; without a reasoning parser there is none",
 }
 
 
@@ -275,14 +282,14 @@ class CompletionRequest(SamplingFields):
         )
         for q in prompts:
             if isinstance(q, str):
-                _checked_text(q, "prompt")
+                checked_text(q, "prompt")
         return prompts
 
 
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    # the bound is on the parts of a list; a string's length is `_checked_text`'s to judge
+    # the bound is on the parts of a list; a string's length is `checked_text`'s to judge
     content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_PARTS)] | None = None
 
     def as_dict(self) -> dict:
@@ -298,7 +305,7 @@ class ChatMessage(BaseModel):
         if self.content is None:
             return ""
         if isinstance(self.content, str):
-            return _checked_text(self.content, "messages")
+            return checked_text(self.content, "messages")
         parts = []
         for part in self.content:
             kind = part.get("type")
@@ -310,7 +317,7 @@ class ChatMessage(BaseModel):
                 )
             if not isinstance(part.get("text"), str):
                 raise APIError(400, "a text content part needs a string 'text'", param="messages")
-            parts.append(_checked_text(part["text"], "messages"))
+            parts.append(checked_text(part["text"], "messages"))
         return "".join(parts)
 
 
@@ -329,11 +336,11 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, Any]] | None = None
     reasoning_effort: str | None = None
 
-    def tool_mode(self, tokenizer) -> str:
+    def tool_mode(self, auto_tools: bool) -> str:
         "none, auto, required or the forced function's name (chapter 12b); APIError if impossible."
         from minillm.server.openai_fields import tool_mode
 
-        return tool_mode(self, tokenizer)
+        return tool_mode(self, auto_tools)
 
 
 class TokenizeRequest(BaseModel):
@@ -346,6 +353,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None  # rendered as a chat with them would be
     return_token_strs: bool = False
 
 
@@ -357,7 +365,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def _checked_text(text: str, param: str) -> str:
+def checked_text(text: str, param: str) -> str:
     try:
         return check_text(text, param)
     except ValueError as e:
