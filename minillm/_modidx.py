@@ -1435,6 +1435,10 @@ d = {
                 "cpu_attention.html#cpu_kernels_available",
                 "minillm/kernels/cpu_attention.py",
             ),
+            "minillm.kernels.cpu_attention.kernels_build_dir": (
+                "cpu_attention.html#kernels_build_dir",
+                "minillm/kernels/cpu_attention.py",
+            ),
             "minillm.kernels.cpu_attention.load_cpu_kernels": (
                 "cpu_attention.html#load_cpu_kernels",
                 "minillm/kernels/cpu_attention.py",
@@ -2349,6 +2353,10 @@ d = {
                 "serving.html#responder._chunk_obj",
                 "minillm/server/api_server.py",
             ),
+            "minillm.server.api_server.Responder._chunks": (
+                "serving.html#responder._chunks",
+                "minillm/server/api_server.py",
+            ),
             "minillm.server.api_server.Responder._collect": (
                 "serving.html#responder._collect",
                 "minillm/server/api_server.py",
@@ -2790,6 +2798,92 @@ d = {
             "minillm.server.protocol.validation_message": (
                 "serving.html#validation_message",
                 "minillm/server/protocol.py",
+            ),
+        },
+        "minillm.server.responses": {
+            "minillm.server.responses.ResponsesRequest": (
+                "openai_api.html#responsesrequest",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesRequest.chat_request": (
+                "openai_api.html#responsesrequest.chat_request",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape": (
+                "openai_api.html#responsesshape",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape.__init__": (
+                "openai_api.html#responsesshape.__init__",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._added": (
+                "openai_api.html#responsesshape._added",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._at": (
+                "openai_api.html#responsesshape._at",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._call": (
+                "openai_api.html#responsesshape._call",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._done": (
+                "openai_api.html#responsesshape._done",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._event": (
+                "openai_api.html#responsesshape._event",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._response": (
+                "openai_api.html#responsesshape._response",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._text": (
+                "openai_api.html#responsesshape._text",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape.complete": (
+                "openai_api.html#responsesshape.complete",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape.events": (
+                "openai_api.html#responsesshape.events",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._add_item": (
+                "openai_api.html#_add_item",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._call_item": (
+                "openai_api.html#_call_item",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._chat_format": (
+                "openai_api.html#_chat_format",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._chat_tool": (
+                "openai_api.html#_chat_tool",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._chat_tool_choice": (
+                "openai_api.html#_chat_tool_choice",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._message_item": (
+                "openai_api.html#_message_item",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._text": (
+                "openai_api.html#_text",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._usage": (
+                "openai_api.html#_usage",
+                "minillm/server/responses.py",
             ),
         },
         "minillm.server.tool_parsers": {

@@ -89,3 +89,22 @@ def test_engine_with_cpu_backend_equals_transformers(random_llama):
 def test_auto_picks_the_cpu_kernel(random_llama):
     path, _ = random_llama
     assert LLM(str(path)).config.attention_backend == "cpu"
+
+
+def test_a_stale_build_lock_does_not_hang_the_next_load():
+    """A build killed midway leaves torch's `lock` file in the build folder; torch waits on it
+    with no timeout. The next load (another process) must go on."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    from minillm.kernels.cpu_attention import kernels_build_dir, load_cpu_kernels
+
+    load_cpu_kernels()  # built (or found) here, so that the child only loads it
+    build = kernels_build_dir()
+    with FileLock(f"{build}.lock"):  # as a killed build leaves it, with no build running
+        (build / "lock").touch()
+    code = "from minillm.kernels.cpu_attention import load_cpu_kernels; load_cpu_kernels()"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    assert not (build / "lock").exists()

@@ -10,6 +10,7 @@ __all__ = [
     "CPU_ATTENTION_SOURCE",
     "MAX_KERNEL_ROWS",
     "CPU_ATTENTION",
+    "kernels_build_dir",
     "load_cpu_kernels",
     "cpu_kernels_available",
     "CPUPlan",
@@ -254,19 +255,30 @@ TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("paged_decode", &paged_decode); }
 
 
 # %% ../../nbs/08a_cpu_attention.ipynb #21c4a8e5
+def kernels_build_dir():
+    """Where the C++ kernels are built: one folder per source and torch install (two environments
+    sharing one would rebuild it in turn)."""
+    key = CPU_ATTENTION_SOURCE + torch.__version__ + torch.__file__
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_dir() / "extensions" / f"cpu_attention_{digest}"
+
+
 @functools.cache
 def load_cpu_kernels():
     """Compile (once per machine; cached) and load the C++ attention kernels; raises if they cannot
     be built."""
+    from filelock import FileLock
     from torch.utils.cpp_extension import load_inline
 
-    digest = hashlib.sha256((CPU_ATTENTION_SOURCE + torch.__version__).encode()).hexdigest()[:12]
-    build = cache_dir() / "extensions" / f"cpu_attention_{digest}"
+    build = kernels_build_dir()
     build.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
+    # One build at a time, under an OS lock that goes with its process. torch's own lock file
+    # outlives a build that was killed, and every later load would wait on it forever.
+    with FileLock(f"{build}.lock"), warnings.catch_warnings():
+        (build / "lock").unlink(missing_ok=True)
         warnings.simplefilter("ignore")
         load_inline(
-            name=f"minillm_cpu_attention_{digest}",
+            name=f"minillm_{build.name}",
             cpp_sources=[CPU_ATTENTION_SOURCE],
             extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
             build_directory=str(build),

@@ -177,10 +177,12 @@ def _usage(outs: dict[int, RequestOutput], n: int) -> dict:
     "Token counts: each prompt once (its n samples share it), every completion."
     prompt = sum(o.num_prompt_tokens for i, o in outs.items() if i % n == 0)
     completion = sum(len(o.token_ids) for o in outs.values())
+    cached = sum(o.num_cached_tokens for i, o in outs.items() if i % n == 0)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},  # found in the prefix cache
     }
 
 
@@ -212,9 +214,11 @@ class Responder:
         n: int,
         extras=None,
         request_id: str | None = None,
+        reshape=None,
     ):
         self.aeng, self.admission, self.name, self.chat, self.n = aeng, admission, name, chat, n
         self.extras = extras  # chapter 12b's logprobs, echo and tool calls, when asked for
+        self.reshape = reshape  # chapter 12b's Responses API: the same answer in another shape
         self.id = ("chatcmpl-" if chat else "cmpl-") + (request_id or uuid.uuid4().hex)
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -225,8 +229,11 @@ class Responder:
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             continuous = usage and body.stream_options.continuous_usage_stats
+            events = self._events(outputs, usage, continuous)
+            if self.reshape:
+                events = self.reshape.events(self._chunks(outputs, usage, continuous))
             return StreamingResponse(
-                self._events(outputs, usage, continuous),
+                events,
                 media_type="text/event-stream",
                 background=BackgroundTask(sub.abort),
             )
@@ -238,7 +245,8 @@ class Responder:
             collect.cancel()
             sub.abort()
             return Response(status_code=499)
-        return JSONResponse(collect.result())
+        result = collect.result()
+        return JSONResponse(self.reshape.complete(result) if self.reshape else result)
 
     async def _collect(self, outputs) -> dict:
         outs = {}
@@ -269,6 +277,13 @@ class Responder:
         }
 
     async def _events(self, outputs, include_usage: bool, continuous: bool = False):
+        "The server-sent events of a stream: each chunk, then [DONE]."
+        async for chunk in self._chunks(outputs, include_usage, continuous):
+            yield _sse(chunk)
+        yield "data: [DONE]\n\n"
+
+    async def _chunks(self, outputs, include_usage: bool, continuous: bool = False):
+        "A stream's chunks, as objects: every delta, a usage chunk if asked, or an error body."
         last, started = {}, set()
         try:
             async for index, out in outputs:
@@ -291,23 +306,22 @@ class Responder:
                     yield self._chunk(index, self._delta(out.delta_text), finish, top=usage)
         except Exception as e:
             # a failed request (or a dead engine) ends the stream with an error event
-            yield _sse(_error_of(e).body())
+            yield _error_of(e).body()
         else:
             if include_usage:
-                yield _sse(self._chunk_obj([], usage=_usage(last, self.n)))
-        yield "data: [DONE]\n\n"
+                yield self._chunk_obj([], usage=_usage(last, self.n))
 
     def _delta(self, text: str) -> dict:
         if self.chat:
             return {"content": text} if text else {}
         return {"text": text}
 
-    def _chunk(self, index: int, delta: dict, finish_reason, extra=None, top=None) -> str:
+    def _chunk(self, index: int, delta: dict, finish_reason, extra=None, top=None) -> dict:
         "One choice's chunk: its delta, `extra` choice fields, `top` fields beside the choices."
         choice = {"index": index, "finish_reason": finish_reason, "logprobs": None}
         choice.update({"delta": delta} if self.chat else delta)
         choice.update(extra or {})
-        return _sse(self._chunk_obj([choice], **(top or {})))
+        return self._chunk_obj([choice], **(top or {}))
 
     def _chunk_obj(self, choices: list, **extra) -> dict:
         obj = self.object + (".chunk" if self.chat else "")
@@ -340,6 +354,7 @@ def build_app(
     same names (chapter 12b): tool_choice 'auto', the model's tool-call format, and a chat template
     (a file or the template itself) in place of the model's."""
     from minillm.server.openai_fields import load_chat_template
+    from minillm.server.responses import ResponsesRequest, ResponsesShape
     from minillm.server.tool_parsers import TOOL_PARSERS
 
     if tool_call_parser not in TOOL_PARSERS:
@@ -401,7 +416,7 @@ def build_app(
         return prompt_options(body, aeng.engine.max_model_len, aeng.engine.tokenizer)
 
     async def serve_request(
-        raw, body, prompts, params, chat_messages=None, tool_mode="none", tools=None
+        raw, body, prompts, params, chat_messages=None, tool_mode="none", tools=None, reshape=None
     ):
         admission.check_queue(len(prompts) * params.n)
         kv_params, options = body.kv_transfer_params, prompt_options(body)
@@ -410,7 +425,8 @@ def build_app(
         admission.check_queue(len(reqs))
         chat = chat_messages is not None
         extras = output_extras(body, chat, tool_mode)
-        responder = Responder(aeng, admission, name, chat, params.n, extras, body.request_id)
+        request_id = body.request_id
+        responder = Responder(aeng, admission, name, chat, params.n, extras, request_id, reshape)
         return await responder.respond(raw, reqs, body)
 
     @app.post("/v1/completions")
@@ -424,11 +440,22 @@ def build_app(
     async def chat_completions(body: ChatCompletionRequest, raw: HTTPRequest):
         check_key(raw)
         check_model(body.model)
+        return await chat(raw, body)
+
+    async def chat(raw: HTTPRequest, body: ChatCompletionRequest, reshape=None):
         params = body.sampling_params(body.max_completion_tokens or body.max_tokens, limits)
         tool_mode = body.tool_mode(enable_auto_tool_choice)  # chapter 12b
         messages = [m.as_dict() for m in body.messages]
         messages, tools = chat_input(messages, body.tools, tool_mode)
-        return await serve_request(raw, body, [None], params, messages, tool_mode, tools)
+        args = params, messages, tool_mode, tools, reshape
+        return await serve_request(raw, body, [None], *args)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, raw: HTTPRequest):
+        "Chapter 12b: OpenAI's Responses API, answered as the chat completion it amounts to."
+        check_key(raw)
+        check_model(body.model)
+        return await chat(raw, body.chat_request(), ResponsesShape(body, name))
 
     card = {
         "id": name,

@@ -139,17 +139,17 @@ def _unused(value, unused: tuple) -> bool:
     return value is None or any(type(value) is type(u) and value == u for u in unused)
 
 
-def check_extra_fields(extra: dict[str, Any]):
+def check_extra_fields(extra: dict[str, Any], refused: dict = UNSUPPORTED, inert: dict = INERT):
     """Refuse every field the request models do not declare, unless it is inert or asks for
     nothing: a field is implemented, refused by name, or inert, never accepted and ignored."""
     for name, value in extra.items():
-        if name in UNSUPPORTED and not _unused(value, UNSUPPORTED[name][1]):
+        if name in refused and not _unused(value, refused[name][1]):
             raise APIError(
                 400,
-                f"{name} ({UNSUPPORTED[name][0]}) is not supported by minillm; remove the field",
+                f"{name} ({refused[name][0]}) is not supported by minillm; remove the field",
                 param=name,
             )
-        if name not in UNSUPPORTED and name not in INERT:
+        if name not in refused and name not in inert:
             raise APIError(400, f"unknown field {name[:64]!r}; remove it", param=name[:64])
 
 
