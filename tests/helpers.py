@@ -33,3 +33,15 @@ def minillm_serve(model_dir, log: Path, *flags: str):
     base = f"http://127.0.0.1:{port}"
     with ServerProcess(cmd, f"{base}/v1", log=str(log)) as proc:
         yield base, proc
+
+
+def openai_client(base: str, api_key: str = "none", timeout: float = 300):
+    "The official client on a server's base URL, with no retries (a test sees every failure)."
+    import openai
+
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+
+def ask(question: str) -> list[dict]:
+    "One user message."
+    return [{"role": "user", "content": question}]

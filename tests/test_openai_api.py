@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 import torch
-from helpers import minillm_serve
+from helpers import ask, minillm_serve, openai_client
 
 from minillm import LLM, SamplingParams
 from minillm.course.naive import greedy_divergence
@@ -341,11 +341,7 @@ def server(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=300)
-
-
-def ask(q: str) -> list[dict]:
-    return [{"role": "user", "content": q}]
+    return openai_client(server)
 
 
 def test_server_json_schema_and_json_mode(client):

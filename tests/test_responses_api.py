@@ -6,9 +6,8 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
-from helpers import minillm_serve
+from helpers import minillm_serve, openai_client
 
 TOOL = {
     "type": "function",
@@ -33,7 +32,7 @@ def server(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=300)
+    return openai_client(server)
 
 
 def chat(client, messages, **kw):

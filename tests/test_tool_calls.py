@@ -9,9 +9,8 @@ import json
 import re
 
 import httpx
-import openai
 import pytest
-from helpers import greedy_divergence, minillm_serve
+from helpers import ask, greedy_divergence, minillm_serve, openai_client
 
 from minillm.loader import encode_chat
 from minillm.server.tool_parsers import HermesToolParser, tools_in_prompt
@@ -40,20 +39,14 @@ def hermes(*payloads: str, before: str = "") -> dict:
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with minillm_serve(model_dir, log, "--enable-auto-tool-choice", "--served-model-name", "m") as (
-        base,
-        _,
-    ):
+    flags = ["--enable-auto-tool-choice", "--served-model-name", "m"]
+    with minillm_serve(model_dir, log, *flags) as (base, _):
         yield base
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=300)
-
-
-def ask(q: str) -> list[dict]:
-    return [{"role": "user", "content": q}]
+    return openai_client(server)
 
 
 def create(client, messages, **kw):
@@ -195,7 +188,7 @@ def test_a_chat_template_of_ones_own_and_the_llama3_json_parser(model_dir, tmp_p
     flags = ["--served-model-name", "m", "--enable-auto-tool-choice", "--chat-template", str(path)]
     flags += ["--tool-call-parser", "llama3_json"]
     with minillm_serve(model_dir, tmp_path / "server.log", *flags) as (base, _):
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=300)
+        client = openai_client(base)
         payload = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
         body = {"structured_outputs": {"regex": re.escape(payload)}}
         r = create(client, ask("Weather in Oslo?"), extra_body=body)

@@ -12,9 +12,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
-from helpers import minillm_serve
+from helpers import minillm_serve, openai_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from minillm.bench.online import free_port
@@ -71,7 +70,7 @@ def vllm_router(urls: list[str], policy: str, log: Path):
 
 
 def answers(base: str, prompts: list[str]) -> list[str]:
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai_client(base, timeout=120)
     outs = []
     for p in prompts:
         r = client.completions.create(model="m", prompt=p, max_tokens=8, temperature=0)
