@@ -260,7 +260,7 @@ d = {
             "minillm.cli._default_bench_mode": ("cli.html#_default_bench_mode", "minillm/cli.py"),
             "minillm.cli._stream": ("cli.html#_stream", "minillm/cli.py"),
             "minillm.cli._workload_flags": ("cli.html#_workload_flags", "minillm/cli.py"),
-            "minillm.cli.add_chat_flags": ("cli.html#add_chat_flags", "minillm/cli.py"),
+            "minillm.cli.add_api_flags": ("cli.html#add_api_flags", "minillm/cli.py"),
             "minillm.cli.add_engine_flags": ("cli.html#add_engine_flags", "minillm/cli.py"),
             "minillm.cli.add_limit_flags": ("cli.html#add_limit_flags", "minillm/cli.py"),
             "minillm.cli.add_sampling_flags": ("cli.html#add_sampling_flags", "minillm/cli.py"),
@@ -2499,6 +2499,36 @@ d = {
             "minillm.server.async_engine.Submission.outputs": (
                 "serving.html#submission.outputs",
                 "minillm/server/async_engine.py",
+            ),
+        },
+        "minillm.server.embeddings": {
+            "minillm.server.embeddings.EmbeddingRequest": (
+                "openai_api.html#embeddingrequest",
+                "minillm/server/embeddings.py",
+            ),
+            "minillm.server.embeddings.EmbeddingRequest.token_lists": (
+                "openai_api.html#embeddingrequest.token_lists",
+                "minillm/server/embeddings.py",
+            ),
+            "minillm.server.embeddings.EmbeddingRequest.unit_length": (
+                "openai_api.html#embeddingrequest.unit_length",
+                "minillm/server/embeddings.py",
+            ),
+            "minillm.server.embeddings.PoolerConfig": (
+                "openai_api.html#poolerconfig",
+                "minillm/server/embeddings.py",
+            ),
+            "minillm.server.embeddings.embed": (
+                "openai_api.html#embed",
+                "minillm/server/embeddings.py",
+            ),
+            "minillm.server.embeddings.encoded": (
+                "openai_api.html#encoded",
+                "minillm/server/embeddings.py",
+            ),
+            "minillm.server.embeddings.serve_embeddings": (
+                "openai_api.html#serve_embeddings",
+                "minillm/server/embeddings.py",
             ),
         },
         "minillm.server.metrics": {

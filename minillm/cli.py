@@ -20,7 +20,7 @@ __all__ = [
     "cmd_bench",
     "cmd_bench_online",
     "add_limit_flags",
-    "add_chat_flags",
+    "add_api_flags",
     "parser",
     "main",
 ]
@@ -220,10 +220,11 @@ def cmd_serve(args):
         args.log_level,
         limits,
         args.protect_metrics,
-        chat_options={
+        api_options={
             "enable_auto_tool_choice": args.enable_auto_tool_choice,
             "tool_call_parser": args.tool_call_parser,
             "chat_template": args.chat_template,
+            "pooler_config": args.pooler_config,
         },
         **engine_kwargs(args),
     )
@@ -352,8 +353,8 @@ def _workload_flags(p, num_requests, prompt, output):
         p.add_argument(flag, type=int, default=default)
 
 
-def add_chat_flags(p: argparse.ArgumentParser):
-    "vLLM's flags for tool calls and the chat template (chapter 12b)."
+def add_api_flags(p: argparse.ArgumentParser):
+    "vLLM's flags for tool calls, the chat template and embeddings' pooling (chapter 12b)."
     from minillm.server.tool_parsers import TOOL_PARSERS
 
     p.add_argument(
@@ -371,6 +372,12 @@ def add_chat_flags(p: argparse.ArgumentParser):
         "--chat-template",
         default=None,
         help="a Jinja chat template (a file, or the template itself) in place of the model's",
+    )
+    p.add_argument(
+        "--pooler-config",
+        type=lambda text: json_object(text, "--pooler-config"),
+        default=None,
+        help='/v1/embeddings\' pooling: {"pooling_type": "LAST" or "MEAN", "normalize": true}',
     )
 
 
@@ -399,7 +406,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--protect-metrics", action="store_true", help="require the API key on /metrics too"
     )
-    add_chat_flags(s)
+    add_api_flags(s)
     add_limit_flags(s)
     add_engine_flags(s)
     s.set_defaults(func=cmd_serve)

@@ -349,10 +349,12 @@ def build_app(
     enable_auto_tool_choice: bool = False,
     tool_call_parser: str = "hermes",
     chat_template: str | None = None,
+    pooler_config: dict | None = None,
 ) -> FastAPI:
-    """An OpenAI-compatible FastAPI app around `engine`. The last three are vLLM's flags of the
-    same names (chapter 12b): tool_choice 'auto', the model's tool-call format, and a chat template
-    (a file or the template itself) in place of the model's."""
+    """An OpenAI-compatible FastAPI app around `engine`. The last four are vLLM's flags of the
+    same names (chapter 12b): tool_choice 'auto', the model's tool-call format, a chat template
+    (a file or the template itself) in place of the model's, and how embeddings are pooled."""
+    from minillm.server.embeddings import EmbeddingRequest, PoolerConfig, serve_embeddings
     from minillm.server.openai_fields import load_chat_template
     from minillm.server.responses import ResponsesRequest, ResponsesShape
     from minillm.server.tool_parsers import TOOL_PARSERS
@@ -360,6 +362,7 @@ def build_app(
     if tool_call_parser not in TOOL_PARSERS:
         raise ValueError(f"--tool-call-parser is one of {', '.join(TOOL_PARSERS)}")
     parser = TOOL_PARSERS[tool_call_parser]
+    pooler = PoolerConfig(**(pooler_config or {}))
     aeng = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
     if chat_template is not None:
         aeng.engine.tokenizer.chat_template = load_chat_template(chat_template)
@@ -456,6 +459,13 @@ def build_app(
         check_key(raw)
         check_model(body.model)
         return await chat(raw, body.chat_request(), ResponsesShape(body, name))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, raw: HTTPRequest):
+        "Chapter 12b: each input's final hidden state, pooled."
+        check_key(raw)
+        check_model(body.model)
+        return await serve_embeddings(aeng, body, pooler, name, limits, admission.pool)
 
     card = {
         "id": name,
@@ -628,16 +638,16 @@ def serve(
     log_level: str = "info",
     limits: ServerLimits | None = None,
     protect_metrics: bool = False,
-    chat_options: dict | None = None,
+    api_options: dict | None = None,
     **engine_kwargs,
 ):
-    """Load a model and serve it over the OpenAI API until interrupted; `chat_options`:
-    build_app's tool and chat template settings."""
+    """Load a model and serve it over the OpenAI API until interrupted; `api_options`:
+    build_app's tool, chat template and pooling settings."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
     aeng = AsyncEngine(config=EngineConfig(**engine_kwargs))
-    options = chat_options or {}
+    options = api_options or {}
     app = build_app(aeng, served_model_name, api_key, limits, protect_metrics, **options)
     print(
         f"minillm: serving {served_model_name or aeng.engine.model_name} on "
