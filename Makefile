@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-check-dry lab lab-screenshot exercises
+.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-check-dry lab lab-screenshot exercises test-vllm
 
 venv: $(STAMP)
 
@@ -73,8 +73,12 @@ test-nbs: $(STAMP)
 	printf '%s\n' nbs/*.ipynb | sort -r | env $(TEST_ENV) xargs -P $(JOBS) -n 1 $(BIN)/nbdev-test --n-workers 1
 
 # Whole files to each worker (a file's server fixtures start once); the slowest tests are listed at the end.
+# vLLM's adapted server suite (tests/vllm_openai): its `quick` cases here, all of them in `make test-vllm`.
 test-py: $(STAMP)
-	env $(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --durations=15 tests
+	env $(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --durations=15 -m "not vllm_full" tests
+
+test-vllm: $(STAMP)  ## vLLM's OpenAI-server tests, rewritten against `minillm serve` (tests/vllm_openai), every case
+	env $(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile tests/vllm_openai
 
 lint: $(STAMP)  ## ruff: notebooks, package (as `make export` writes it), tests and scripts formatted and lint-free
 	$(BIN)/ruff format --check -q nbs minillm tests scripts || (echo "run 'make export' (it formats) and commit" && false)

@@ -1,7 +1,8 @@
-"""minillm replicas behind vLLM's production router (`vllm-router`, from PyPI): the worker endpoints
-it calls (/health, /get_load, /flush_cache), the fields it adds to every request (SGLang's), its
-cache-aware and power-of-two policies, and a replica killed under it. Answers go through the
-official openai client and must equal one engine's greedy answers."""
+"""minillm replicas behind the production routers, vLLM's (`vllm-router`) and SGLang's gateway
+(`sglang-router`), both from PyPI: the worker endpoints they call (/health, /get_load,
+/flush_cache), the fields they add to every request (SGLang's), their cache-aware and power-of-two
+policies, and a replica killed under them. Answers go through the official openai client and must
+equal one engine's greedy answers."""
 
 import os
 import signal
@@ -18,7 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minillm.bench.online import free_port
 
-ROUTER = Path(sys.executable).parent / "vllm-router"
+ROUTERS = {  # the command that starts each; both take the same flags
+    "vllm-router": [str(Path(sys.executable).parent / "vllm-router")],
+    "sglang-router": [sys.executable, "-m", "sglang_router.launch_router"],
+}
 # two groups of prompts, each sharing a long prefix: what a cache-aware router keeps together
 PREFIXES = [
     "You are a careful assistant for a bakery. Answer in one short sentence. " * 3,
@@ -43,10 +47,10 @@ def replicas(model_dir, tmp_path_factory):
 
 
 @contextmanager
-def vllm_router(urls: list[str], policy: str, log: Path):
-    "vllm-router in front of `urls`: yields its base URL once it answers /health."
+def production_router(kind: str, urls: list[str], policy: str, log: Path):
+    "Router `kind` in front of `urls`: yields its base URL once it answers /health."
     port = free_port()
-    cmd = [str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
+    cmd = [*ROUTERS[kind], "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
     cmd += ["--worker-urls", *urls, "--prometheus-port", str(free_port())]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
@@ -54,7 +58,7 @@ def vllm_router(urls: list[str], policy: str, log: Path):
     try:
         for _ in range(120):
             if proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited: {log.read_text()[-2000:]}")
+                raise RuntimeError(f"{kind} exited: {log.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                     break
@@ -62,7 +66,7 @@ def vllm_router(urls: list[str], policy: str, log: Path):
                 pass
             time.sleep(0.5)
         else:
-            raise RuntimeError("vllm-router did not become healthy")
+            raise RuntimeError(f"{kind} did not become healthy")
         yield base
     finally:
         proc.terminate()
@@ -112,22 +116,24 @@ def test_the_worker_endpoints_a_router_calls(replicas):
     assert httpx.post(f"{base}/flush_cache").json()["flushed_blocks"] == 0
 
 
+@pytest.mark.parametrize("kind", ROUTERS)
 @pytest.mark.parametrize("policy", ["cache_aware", "power_of_two"])
-def test_replicas_behind_vllm_router(replicas, policy, tmp_path):
+def test_replicas_behind_a_production_router(replicas, kind, policy, tmp_path):
     urls = [base for base, _ in replicas]
     expected = answers(urls[0], PROMPTS)  # one engine's greedy answers
     before = [served(u) for u in urls]
-    with vllm_router(urls, policy, tmp_path / "router.log") as router:
+    with production_router(kind, urls, policy, tmp_path / "router.log") as router:
         assert answers(router, PROMPTS * 2) == expected * 2
         spread = [served(u) - b for u, b in zip(urls, before)]
-        print(policy, "requests per replica:", spread)
+        print(kind, policy, "requests per replica:", spread)
         assert sum(spread) == 2 * len(PROMPTS)
         if policy == "power_of_two":
             assert min(spread) > 0  # both replicas served
         assert httpx.post(f"{router}/flush_cache").status_code == 200
 
 
-def test_a_killed_replica_is_routed_around(model_dir, tmp_path):
+@pytest.mark.parametrize("kind", ROUTERS)
+def test_a_killed_replica_is_routed_around(model_dir, kind, tmp_path):
     with ExitStack() as stack:
         started = [
             stack.enter_context(
@@ -137,7 +143,8 @@ def test_a_killed_replica_is_routed_around(model_dir, tmp_path):
         ]
         urls = [base for base, _ in started]
         expected = answers(urls[0], PROMPTS[:4])
-        router = stack.enter_context(vllm_router(urls, "round_robin", tmp_path / "router.log"))
+        log = tmp_path / "router.log"
+        router = stack.enter_context(production_router(kind, urls, "round_robin", log))
         assert answers(router, PROMPTS[:4]) == expected
         os.kill(started[1][1].proc.pid, signal.SIGKILL)
         started[1][1].proc.wait(10)
