@@ -2646,6 +2646,10 @@ d = {
                 "openai_api.html#_finite",
                 "minillm/server/openai_fields.py",
             ),
+            "minillm.server.openai_fields._or": (
+                "openai_api.html#_or",
+                "minillm/server/openai_fields.py",
+            ),
             "minillm.server.openai_fields._refuse": (
                 "openai_api.html#_refuse",
                 "minillm/server/openai_fields.py",
@@ -2666,6 +2670,10 @@ d = {
                 "openai_api.html#completion_logprobs",
                 "minillm/server/openai_fields.py",
             ),
+            "minillm.server.openai_fields.echoed_message": (
+                "openai_api.html#echoed_message",
+                "minillm/server/openai_fields.py",
+            ),
             "minillm.server.openai_fields.field_status": (
                 "openai_api.html#field_status",
                 "minillm/server/openai_fields.py",
@@ -2680,6 +2688,10 @@ d = {
             ),
             "minillm.server.openai_fields.output_extras": (
                 "openai_api.html#output_extras",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.packed_top_k": (
+                "openai_api.html#packed_top_k",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.parse_tool_calls": (

@@ -374,6 +374,11 @@ def add_api_flags(p: argparse.ArgumentParser):
         help="a Jinja chat template (a file, or the template itself) in place of the model's",
     )
     p.add_argument(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="vLLM's switch for GET /load, which minillm always serves",
+    )
+    p.add_argument(
         "--pooler-config",
         type=lambda text: json_object(text, "--pooler-config"),
         default=None,

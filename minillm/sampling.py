@@ -84,6 +84,7 @@ class SamplingParams:
     # What clients of an OpenAI API expect besides (chapter 12b builds them):
     logprobs: int | None = None  # log probabilities of each output token and of its top N
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
+    prompt_logprobs_temperature: float = 1.0  # the prompt's logits are divided by it first
     presence_penalty: float = 0.0  # subtracted from the logit of every token already generated
     frequency_penalty: float = 0.0  # subtracted once per time a token was generated
     repetition_penalty: float = 1.0  # divides (multiplies if < 0) logits of prompt/output tokens
@@ -171,6 +172,8 @@ class SamplingParams:
                 value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS),
                 f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}",
             )
+        t = self.prompt_logprobs_temperature
+        _check(_is_num(t) and t > 0, f"prompt_logprobs_temperature must be > 0, got {t!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_is_num(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")

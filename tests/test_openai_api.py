@@ -515,7 +515,10 @@ REFUSED = [
     ("chat", {"guided_json": {"type": "nonsense"}}, None),
     ("chat", {"guided_regex": "(unclosed"}, None),
     ("chat", {"top_logprobs": 2}, "top_logprobs"),
-    ("chat", {"logprobs": True, "top_logprobs": 21}, None),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),  # vLLM's whole vocabulary
+    ("chat", {"prompt_logprobs": -1}, "prompt_logprobs"),
+    ("completion", {"logprobs": -1}, "logprobs"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
     (
         "chat",
@@ -527,7 +530,17 @@ REFUSED = [
     ),
     ("chat", {"tool_choice": "required"}, "tool_choice"),
     ("chat", {"guided_choice": ["a"], "min_tokens": 2}, None),
-    ("chat", {"echo": True}, "echo"),
+    (
+        "chat",
+        {
+            "echo": True,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "required",
+        },
+        "echo",
+    ),
+    ("completion", {"logprobs": 2, "return_top_k_logprobs": True}, "return_top_k_logprobs"),
+    ("completion", {"prompt_logprobs": 1, "prompt_logprobs_temperature": 0.0}, None),
     ("completion", {"logit_bias": {"cat": 1}}, "logit_bias"),
     ("completion", {"logit_bias": {"99999999": 1}}, None),
     ("completion", {"presence_penalty": 2.5}, None),

@@ -148,7 +148,8 @@ def record_prompt_logprobs(
     chunk: int = 256,
 ):
     """Fill `prompt_logprobs` for the prompt tokens whose predecessors this step computed: position
-    p's logits (row starts[i] + p - first) give token p + 1's. Raw logits, as vLLM reports them."""
+    p's logits (row starts[i] + p - first) give token p + 1's. Raw logits, as vLLM reports them,
+    divided by the request's prompt_logprobs_temperature (1 unless set)."""
     for req, start, n in zip(requests, starts, num_tokens):
         if not req.needs_prompt_logits:
             continue
@@ -156,7 +157,8 @@ def record_prompt_logprobs(
         m = min(n, req.prompt_len - 1 - first)  # the last prompt position predicts an output
         for j in range(0, max(m, 0), chunk):
             size = min(chunk, m - j)
-            lp = logits[start + j : start + j + size].float().log_softmax(-1)
+            rows = logits[start + j : start + j + size].float()
+            lp = (rows / req.params.prompt_logprobs_temperature).log_softmax(-1)
             targets = req.token_ids[first + j + 1 : first + j + 1 + size]
             target = torch.tensor(targets, device=logits.device)
             entries = token_logprobs(lp, target, [req.params.prompt_logprobs] * size)

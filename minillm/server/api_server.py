@@ -260,10 +260,11 @@ class Responder:
         for index in sorted(outs):
             o = outs[index]
             choice = {"index": index, "finish_reason": o.finish_reason, "logprobs": None}
+            choice["stop_reason"] = o.outputs[0].stop_reason  # the stop string or token id
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": o.text}
-            else:
-                choice["text"] = o.text
+            else:  # vLLM sends the keys of chapter 12b's return_token_ids always
+                choice |= {"text": o.text, "token_ids": None, "prompt_token_ids": None}
             choices.append(self.extras.complete(choice, o) if self.extras else choice)
         top = self.extras.top_level(outs[min(outs)]) if self.extras and outs else {}
         return {
@@ -295,15 +296,16 @@ class Responder:
                     top = self.extras.top_level(out) if self.extras and index == 0 else {}
                     yield self._chunk(index, {"role": "assistant", "content": ""}, None, top=top)
                 finish = out.finish_reason if out.finished else None
+                stop = {"stop_reason": out.outputs[0].stop_reason} if out.finished else {}
                 if self.extras:  # chapter 12b: logprobs, echo, tool calls
                     first = len(out.token_times) == len(out.delta_token_ids)
                     delta, extra, finish = self.extras.stream(
                         index, out, self._delta(out.delta_text), first
                     )
                     if delta or extra.get("logprobs") or extra.get("token_ids") or finish:
-                        yield self._chunk(index, delta, finish, extra, top=usage)
+                        yield self._chunk(index, delta, finish, extra | stop, top=usage)
                 elif out.delta_text or out.finished:
-                    yield self._chunk(index, self._delta(out.delta_text), finish, top=usage)
+                    yield self._chunk(index, self._delta(out.delta_text), finish, stop, top=usage)
         except Exception as e:
             # a failed request (or a dead engine) ends the stream with an error event
             yield _error_of(e).body()
@@ -319,7 +321,7 @@ class Responder:
     def _chunk(self, index: int, delta: dict, finish_reason, extra=None, top=None) -> dict:
         "One choice's chunk: its delta, `extra` choice fields, `top` fields beside the choices."
         choice = {"index": index, "finish_reason": finish_reason, "logprobs": None}
-        choice.update({"delta": delta} if self.chat else delta)
+        choice |= {"stop_reason": None, **({"delta": delta} if self.chat else delta)}
         choice.update(extra or {})
         return self._chunk_obj([choice], **(top or {}))
 
@@ -572,6 +574,11 @@ def _add_worker_endpoints(app: FastAPI, aeng: AsyncEngine, name: str, check_key)
         sched = aeng.engine.scheduler
         running, waiting = len(sched.running), len(sched.waiting) + aeng.num_queued
         return {"load": running + waiting, "running": running, "waiting": waiting}
+
+    @app.get("/load")
+    async def load():
+        "vLLM's name for the same count (it counts HTTP requests; this, their sequences)."
+        return {"server_load": (await get_load())["load"]}
 
     @app.get("/get_server_info")
     async def get_server_info():

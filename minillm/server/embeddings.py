@@ -13,7 +13,7 @@ __all__ = [
     "serve_embeddings",
 ]
 
-# %% ../../nbs/12b_openai_api.ipynb #ffc96d8d
+# %% ../../nbs/12b_openai_api.ipynb #08b41afd
 import asyncio
 import base64
 import sys

@@ -8,6 +8,7 @@ __all__ = [
     "MAX_LOGIT_BIAS",
     "MAX_BAD_WORDS",
     "TEMPLATE_OWN",
+    "echoed_message",
     "response_format_guide",
     "rebased_refs",
     "tool_call_schema",
@@ -22,6 +23,7 @@ __all__ = [
     "TokenIdTexts",
     "chat_logprobs",
     "TextOffsets",
+    "packed_top_k",
     "completion_logprobs",
     "vllm_prompt_logprobs",
     "OutputExtras",
@@ -37,20 +39,38 @@ __all__ = [
 ]
 
 # %% ../../nbs/12b_openai_api.ipynb #8253d4ce
+import base64
 import functools
 import json
 import re
+import struct
 
 from tokenizers.decoders import DecodeStream
 
 from ..engine.logits_processor import TokenLogprobs
 from ..engine.structured_output import GuidedDecodingParams
+from ..sampling import MAX_LOGPROBS
 from .protocol import APIError
 from .tool_parsers import HermesToolParser, ToolParser, tool_call, tools_in_prompt
 
 
 def _refuse(message: str, param: str):
     raise APIError(400, message, param=param)
+
+
+def echoed_message(body) -> str:
+    "What vLLM's chat echo repeats: the last message's text, when the assistant wrote it."
+    last = body.messages[-1]
+    if last.role != "assistant" or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "".join(part.get("text", "") for part in last.content if part.get("type") == "text")
+
+
+def _or(value, default):
+    "`value`, or `default` when the field was not sent (0 is a value: the check refuses it)."
+    return default if value is None else value
 
 
 def response_format_guide(fmt: dict | None) -> GuidedDecodingParams | None:
@@ -309,10 +329,25 @@ class TextOffsets:
         return offsets
 
 
-def completion_logprobs(entries: list, text, offsets: list[int]) -> dict:
+def packed_top_k(entries: list[TokenLogprobs], k: int) -> dict:
+    """vLLM's return_top_k_logprobs: each position's top k as base64 of little-endian int32 ids
+    and float32 logprobs, row-major [positions, k]: no per-candidate objects or decoding."""
+    rows = [e.top[:k] for e in entries]
+    ids = [t for row in rows for t, _ in row]
+    logprobs = [lp for row in rows for _, lp in row]
+    return {
+        "num_positions": len(rows),
+        "k": k,
+        "token_ids": base64.b64encode(struct.pack(f"<{len(ids)}i", *ids)).decode(),
+        "logprobs": base64.b64encode(struct.pack(f"<{len(ids)}f", *logprobs)).decode(),
+    }
+
+
+def completion_logprobs(entries: list, text, offsets: list[int], packed: int | None = None) -> dict:
     """OpenAI's legacy completions shape: tokens, token_logprobs, top_logprobs ({text: logprob},
     the chosen token included) and text_offset (`offsets`, one per entry); an entry that is a bare
-    id (a prompt's first token) has None."""
+    id (a prompt's first token) has None. `packed`: k of vLLM's packed top_k instead of
+    top_logprobs."""
     tokens, logprobs, tops = [], [], []
     for e in entries:
         token_id = e if isinstance(e, int) else e.token_id
@@ -326,12 +361,10 @@ def completion_logprobs(entries: list, text, offsets: list[int]) -> dict:
             top = {text(t): _finite(lp) for t, lp in e.top}
             top.setdefault(s, _finite(e.logprob))
             tops.append(top)
-    return {
-        "tokens": tokens,
-        "token_logprobs": logprobs,
-        "top_logprobs": tops,
-        "text_offset": list(offsets),
-    }
+    shaped = {"tokens": tokens, "token_logprobs": logprobs, "text_offset": list(offsets)}
+    if packed:
+        return shaped | {"top_logprobs": [], "top_k": packed_top_k(entries, packed)}
+    return shaped | {"top_logprobs": tops}
 
 
 def vllm_prompt_logprobs(prompt_ids: list[int], entries: list, text) -> list:
@@ -370,6 +403,7 @@ class OutputExtras:
         self.chat, self.tool_mode, self.parser = chat, tool_mode, parser
         self.texts = TokenIdTexts(texts.tokenizer) if body.return_tokens_as_token_ids else texts
         self.echo = bool(getattr(body, "echo", False))
+        self.echoed = echoed_message(body) if chat and self.echo else ""
         self.want_prompt_logprobs = body.prompt_logprobs is not None
         self.want_token_ids = bool(body.return_token_ids)
         self.parallel_tool_calls = getattr(body, "parallel_tool_calls", True)
@@ -377,6 +411,7 @@ class OutputExtras:
             self.num_top = (body.top_logprobs or 0) if body.logprobs else None
         else:
             self.num_top = body.logprobs
+        self.packed = body.logprobs if getattr(body, "return_top_k_logprobs", False) else None
         self.buffered: dict[int, str] = {}  # a streamed 'required' answer, held until it parses
         self.parsers: dict[int, ToolParser] = {}  # each streamed choice's parser under 'auto'
         self.offsets: dict[int, TextOffsets] = {}  # each streamed choice's text_offset so far
@@ -390,6 +425,8 @@ class OutputExtras:
             if self.num_top is not None:
                 choice["logprobs"] = chat_logprobs(entries, self.num_top, self.texts)
             self._tool_calls(choice, choice["message"], out.text, out.finish_reason)
+            if self.echoed:
+                choice["message"]["content"] = self.echoed + (choice["message"]["content"] or "")
             return choice
         if self.want_token_ids:
             choice["prompt_token_ids"] = list(out.prompt_token_ids)
@@ -400,7 +437,7 @@ class OutputExtras:
             if self.echo:
                 entries = self._prompt_entries(out) + entries
                 offsets = TextOffsets(self.texts.tokenizer)(out.prompt_token_ids) + offsets
-            choice["logprobs"] = completion_logprobs(entries, self.texts, offsets)
+            choice["logprobs"] = completion_logprobs(entries, self.texts, offsets, self.packed)
         if self.want_prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(
                 out.prompt_token_ids, out.prompt_logprobs, self.texts
@@ -430,6 +467,8 @@ class OutputExtras:
         if self.chat:
             if self.num_top is not None:
                 extra["logprobs"] = chat_logprobs(entries, self.num_top, self.texts)
+            if first and self.echoed:
+                delta = {"content": self.echoed + delta.get("content", "")}
             if self.tool_mode == "none":
                 return delta, extra, finish
             if self.tool_mode == "auto":
@@ -466,7 +505,7 @@ class OutputExtras:
             if prompt:
                 entries = self._prompt_entries(out) + entries
                 offsets = TextOffsets(self.texts.tokenizer)(out.prompt_token_ids) + offsets
-            extra["logprobs"] = completion_logprobs(entries, self.texts, offsets)
+            extra["logprobs"] = completion_logprobs(entries, self.texts, offsets, self.packed)
         if first and self.want_prompt_logprobs:
             extra["prompt_logprobs"] = vllm_prompt_logprobs(
                 out.prompt_token_ids or [], out.prompt_logprobs or [], self.texts
@@ -528,13 +567,24 @@ MAX_LOGIT_BIAS, MAX_BAD_WORDS = 1024, 128  # entries one request may send
 def processing_params(body) -> dict:
     "The SamplingParams fields of this chapter that a request body asks for; APIError if malformed."
     chat = hasattr(body, "messages")
+    for name in ("top_logprobs", "logprobs", "prompt_logprobs"):
+        value = getattr(body, name, None)
+        if type(value) is int and not 0 <= value <= MAX_LOGPROBS:  # -1: vLLM's whole vocabulary
+            _refuse(f"{name} is 0 to {MAX_LOGPROBS} (-1, every token, is not served)", name)
     if chat:
         if body.top_logprobs is not None and not body.logprobs:
             _refuse("top_logprobs needs logprobs: true", "top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         tool_mode = check_tools(body.tools, body.tool_choice)
+        if body.echo and tool_mode != "none":
+            _refuse("echo repeats text; it cannot start a tool call, send echo: false", "echo")
     else:
         logprobs, tool_mode = body.logprobs, "none"
+        if body.return_top_k_logprobs and not (logprobs and body.return_tokens_as_token_ids):
+            message = "return_top_k_logprobs needs logprobs >= 1 and return_tokens_as_token_ids"
+            _refuse(message, "return_top_k_logprobs")
+        if body.return_top_k_logprobs and body.echo:
+            _refuse("return_top_k_logprobs packs sampled tokens only; send echo: false", "echo")
     prompt_logprobs = body.prompt_logprobs
     if not chat and body.echo and logprobs is not None:  # the echoed prompt carries logprobs too
         prompt_logprobs = max(logprobs, prompt_logprobs or 0)
@@ -549,9 +599,10 @@ def processing_params(body) -> dict:
     return dict(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
-        presence_penalty=0.0 if body.presence_penalty is None else body.presence_penalty,
-        frequency_penalty=0.0 if body.frequency_penalty is None else body.frequency_penalty,
-        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        prompt_logprobs_temperature=_or(body.prompt_logprobs_temperature, 1.0),
+        presence_penalty=_or(body.presence_penalty, 0.0),
+        frequency_penalty=_or(body.frequency_penalty, 0.0),
+        repetition_penalty=_or(body.repetition_penalty, 1.0),
         logit_bias={int(k): v for k, v in bias.items()},
         bad_words=body.bad_words,
         guided_decoding=guided_decoding_of(body, tool_mode),
@@ -678,5 +729,5 @@ def output_extras(
 ) -> OutputExtras | None:
     "This request's OutputExtras, or None when its responses are plain."
     asks = body.prompt_logprobs is not None or tool_mode != "none" or bool(body.return_token_ids)
-    asks = asks or (body.logprobs if chat else body.logprobs is not None or body.echo)
+    asks = asks or body.echo or (body.logprobs if chat else body.logprobs is not None)
     return OutputExtras(body, chat, tool_mode, token_texts(tokenizer), parser) if asks else None

@@ -83,7 +83,6 @@ UNSUPPORTED = {
     "audio": ("audio output", ()),
     "modalities": ("other modalities", (["text"],)),
     "prediction": ("predicted outputs", ()),
-    "echo": ("echoing the prompt", (False,)),  # completions have it (chapter 12b); chat does not
     "store": ("stored completions", (False,)),
     "web_search_options": ("web search", ()),
     "verbosity": ("verbosity control", ()),
@@ -191,6 +190,7 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
+    prompt_logprobs_temperature: float | None = None  # of the prompt's logprobs only
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -267,6 +267,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None  # chapter 12b: logprobs of each token and its top N
     echo: bool = False  # the prompt before the completion (and its logprobs)
+    return_top_k_logprobs: bool = False  # vLLM's packed top logprobs: base64 arrays
 
     def prompts(self, limits: ServerLimits) -> list[str | list[int]]:
         "The prompts (strings or token id lists), checked."
@@ -332,6 +333,7 @@ class ChatCompletionRequest(SamplingFields):
     # chapter 12b: how the messages become a prompt (the chat template's own arguments)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    echo: bool = False  # the answer starts with the last message, if it is the assistant's
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
     reasoning_effort: str | None = None
