@@ -157,7 +157,7 @@ def test_streaming_deltas_add_up(model_dir):
         ("", None, "empty"),
         ([1, 2, -5], None, r"token ids must be in"),
         (3.5, None, "a prompt is a string"),
-        ([1] * 9000, None, "context holds"),
+        ([1] * 9000, None, "maximum context length"),
         ("hi", SamplingParams(n=2), "one sample per request"),
     ],
 )

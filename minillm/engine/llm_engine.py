@@ -441,10 +441,10 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"token ids must be in [0, {vocab})")
         if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but the model's context holds "
-                f"{self.max_model_len}; "
-                "shorten it to leave room for at least one output token"
+            raise ValueError(  # vLLM's words, which clients (litellm) recognise
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {len(ids)} input tokens. Please reduce the length of the "
+                "input messages (one output token must fit)."
             )
         return ids
 
