@@ -77,7 +77,7 @@ test-nbs: $(STAMP)
 test-py: $(STAMP)
 	env $(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --durations=15 -m "not vllm_full" tests
 
-test-vllm: $(STAMP)  ## vLLM's OpenAI-server tests, rewritten against `minillm serve` (tests/vllm_openai), every case
+test-vllm: $(STAMP)  ## the drop-in suite, every case: vLLM's server tests rewritten against `minillm serve`, and the official clients
 	env $(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadfile tests/vllm_openai
 
 lint: $(STAMP)  ## ruff: notebooks, package (as `make export` writes it), tests and scripts formatted and lint-free

@@ -1,7 +1,8 @@
 """vLLM's OpenAI-server tests (vllm-project/vllm, tests/entrypoints/openai), rewritten here against
 `minillm serve` on the default model: the same requests and the same assertions, each test naming
 the vLLM test it follows. vLLM's `RemoteOpenAIServer` fixture becomes `RemoteServer`, a real
-`minillm serve` process with the flags a test module asks for.
+`minillm serve` process with the flags a test module asks for. `test_clients.py` adds the client
+libraries people put in front of vLLM (langchain-openai, litellm, openai-agents).
 
 `make test` runs the cases marked `quick`; `make test-vllm` runs all of them. A case that asserts
 another model's text (vLLM's tiny random Llama, Qwen, Zephyr) is an `xfail(strict=True)` that says

@@ -3,9 +3,10 @@ the default model: langchain-openai, litellm and openai-agents. Each library's a
 temperature 0 must equal what the official openai client gets for the same request (the server is
 deterministic at greedy); where the model decides (calling a tool or not), the test asserts what
 the server guarantees: a forced call's arguments match the tool's schema, a structured output
-validates, a tool loop ends. Each library is skipped where it is not installed."""
+validates, a tool loop ends. The libraries are dev dependencies (pyproject.toml), pinned."""
 
 import asyncio
+import importlib
 import json
 import os
 
@@ -123,7 +124,7 @@ class Person(BaseModel):
 @pytest.fixture(scope="module")
 def lc(request):
     "ChatOpenAI on the server, greedy, and the recorder of what it sent."
-    langchain_openai = pytest.importorskip("langchain_openai")  # before the server starts
+    langchain_openai = importlib.import_module("langchain_openai")  # before the server starts
     server, model_id = request.getfixturevalue("server"), request.getfixturevalue("model_id")
     rec = Recorder()
 
@@ -169,6 +170,7 @@ def test_langchain_invoke_stream_batch(lc, client, model_id):
     ]
 
 
+@pytest.mark.quick
 def test_langchain_bind_tools(lc, client, model_id):
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
@@ -301,7 +303,7 @@ def test_langchain_responses_api(lc, client, model_id):
 def ll():
     "litellm, offline (its bundled model cost map), with a callback that keeps each request body."
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm = pytest.importorskip("litellm")
+    litellm = importlib.import_module("litellm")
     from litellm.integrations.custom_logger import CustomLogger
 
     litellm.suppress_debug_info = True
@@ -438,6 +440,7 @@ def test_litellm_text_completion(ll, server, client, model_id, provider):
     assert "".join(c.choices[0].text or "" for c in chunks if c.choices) == ref.choices[0].text
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_litellm_context_window_exceeded(ll, server, model_id, provider):
     """A prompt longer than the context is litellm's ContextWindowExceededError, the error its
@@ -456,7 +459,7 @@ def test_litellm_context_window_exceeded(ll, server, model_id, provider):
 
 @pytest.fixture(scope="module")
 def agents():
-    agents = pytest.importorskip("agents")
+    agents = importlib.import_module("agents")
     agents.set_tracing_disabled(True)
     return agents
 
@@ -483,7 +486,6 @@ def weather_agent(agents, model, calls: list, **settings):
 
 def agent_model(agents, server, model_id, api: str, rec: Recorder):
     if api == "litellm":
-        pytest.importorskip("litellm")
         from agents.extensions.models.litellm_model import LitellmModel
 
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -532,6 +534,7 @@ def transcript_reference(client, model_id, call) -> str:
     return r.choices[0].message.content
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("api", ["chat", "responses", "litellm"])
 def test_agents_tool_loop(agents, server, client, model_id, api):
     """The first turn is forced to call the tool (a 135M model rarely does on its own), the
