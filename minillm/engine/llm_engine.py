@@ -394,8 +394,10 @@ class LLMEngine:
             )
         ids = self._prompt_ids(prompt)
         vocab = self.model.config.vocab_size
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab}), the model's vocabulary")
+        outside = [t for t in params.stop_token_ids if t >= vocab][:4]
+        if outside:
+            message = f"stop_token_ids {outside} are not in [0, {vocab}), the model's vocabulary"
+            raise ValueError(message)
         # the per-row tensors the sampler will build, checked now
         SamplingTensors.from_params([params], vocab)
         request_id = str(next(self._ids)) if request_id is None else request_id

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -173,16 +174,20 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def _usage(outs: dict[int, RequestOutput], n: int) -> dict:
-    "Token counts: each prompt once (its n samples share it), every completion."
+def _usage(outs: dict[int, RequestOutput], n: int, produced: dict[int, int] | None = None) -> dict:
+    """Token counts: each prompt once (its n samples share it), every completion (or, mid-stream,
+    `produced`: the tokens each choice has streamed so far)."""
     prompt = sum(o.num_prompt_tokens for i, o in outs.items() if i % n == 0)
-    completion = sum(len(o.token_ids) for o in outs.values())
+    if produced is None:
+        produced = {i: len(o.token_ids) for i, o in outs.items()}
+    completion = sum(produced.values())
     cached = sum(o.num_cached_tokens for i, o in outs.items() if i % n == 0)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},  # found in the prefix cache
+        "cache_read_input_tokens": cached,  # vLLM's second name for it
     }
 
 
@@ -285,16 +290,18 @@ class Responder:
 
     async def _chunks(self, outputs, include_usage: bool, continuous: bool = False):
         "A stream's chunks, as objects: every delta, a usage chunk if asked, or an error body."
-        last, started = {}, set()
+        last, started, produced = {}, set(), {}
         try:
             async for index, out in outputs:
                 self._observe(out)
                 last[index] = out
-                usage = {"usage": _usage(last, self.n)} if continuous else {}
+                produced[index] = produced.get(index, 0) + len(out.delta_token_ids)
+                usage = {"usage": _usage(last, self.n, produced)} if continuous else {}
                 if self.chat and index not in started:
                     started.add(index)
                     top = self.extras.top_level(out) if self.extras and index == 0 else {}
-                    yield self._chunk(index, {"role": "assistant", "content": ""}, None, top=top)
+                    role = {"role": "assistant", "content": ""}
+                    yield self._chunk(index, role, None, top=top | usage)
                 finish = out.finish_reason if out.finished else None
                 stop = {"stop_reason": out.outputs[0].stop_reason} if out.finished else {}
                 if self.extras:  # chapter 12b: logprobs, echo, tool calls
@@ -468,6 +475,27 @@ def build_app(
         check_key(raw)
         check_model(body.model)
         return await serve_embeddings(aeng, body, pooler, name, limits, admission.pool)
+
+    @app.post("/invocations")
+    async def invocations(raw: HTTPRequest):
+        "SageMaker's one endpoint, as vLLM serves it: the body's key picks the API."
+        try:
+            body = json.loads(await raw.body())
+        except ValueError:
+            raise APIError(400, "the body is not JSON") from None
+        apis = [
+            ("messages", ChatCompletionRequest, chat_completions),
+            ("prompt", CompletionRequest, completions),
+            ("input", EmbeddingRequest, embeddings),
+        ]
+        for key, model, endpoint in apis:
+            if isinstance(body, dict) and key in body:
+                try:
+                    parsed = model.model_validate(body)
+                except ValidationError as e:
+                    raise APIError(400, validation_message(e)) from None
+                return await endpoint(parsed, raw)
+        raise APIError(400, "send messages (a chat), prompt (a completion) or input (embeddings)")
 
     card = {
         "id": name,

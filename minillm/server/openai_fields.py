@@ -594,8 +594,9 @@ def processing_params(body) -> dict:
             f"at most {MAX_LOGIT_BIAS} logit_bias entries and {MAX_BAD_WORDS} bad_words",
             "logit_bias",
         )
-    if not all(k.isdigit() and len(k) < 19 for k in bias):
-        _refuse("logit_bias keys are token ids, as strings of digits", "logit_bias")
+    bad = [k[:32] for k in bias if not (k.isdigit() and len(k) < 19)][:4]
+    if bad:
+        _refuse(f"logit_bias keys are token ids as strings of digits, not {bad}", "logit_bias")
     return dict(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,

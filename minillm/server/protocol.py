@@ -289,7 +289,7 @@ class CompletionRequest(SamplingFields):
 
 class ChatMessage(BaseModel):
     model_config = STRICT
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    role: str = Field(min_length=1, max_length=64)  # a custom role is the template's to render
     # the bound is on the parts of a list; a string's length is `checked_text`'s to judge
     content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_PARTS)] | None = None
 
