@@ -277,7 +277,7 @@ def test_bad_bytes_and_paths_get_openai_errors(hostile_server):
         (b"{'prompt': 1", "/v1/completions", 400),
         (b"\xff\xfe\x00", "/v1/completions", 400),
         (b"[" * 100_000, "/v1/completions", 400),
-        (b'{"prompt": "' + b"9" * 5000 + b'"}', "/v1/embeddings", 404),
+        (b'{"prompt": "' + b"9" * 5000 + b'"}', "/v1/no-such-endpoint", 404),
         (b'{"prompt": ' + b"9" * 5000 + b"}", "/v1/completions", 400),
     ]
     for data, path, status in cases:

@@ -18,6 +18,8 @@ import jsonschema
 import openai
 import pytest
 
+from vllm_openai.schemas import EMPLOYEE, INVALID_JSON_SCHEMA
+
 # vLLM: --max-model-len 8192 --max-num-seqs 128 (Zephyr), --max-model-len 2048 (Qwen2.5); dropped:
 # --dtype bfloat16 and --enforce-eager (float32 is minillm's anchor, a CPU has no CUDA graphs) and
 # the LoRA flags (--enable-lora --lora-modules ...), which minillm does not have.
@@ -43,31 +45,6 @@ LANGUAGES = [
 ]
 # tests/entrypoints/conftest.py: sample_structured_outputs_choices, sample_json_schema, sample_regex
 CHOICES = "Python Java JavaScript C++ C# PHP TypeScript Ruby Swift Kotlin".split()
-EMPLOYEE = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "skills": {
-            "type": "array",
-            "items": {"type": "string", "maxLength": 10},
-            "minItems": 3,
-        },
-        "work_history": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "company": {"type": "string"},
-                    "duration": {"type": "number"},
-                    "position": {"type": "string"},
-                },
-                "required": ["company", "position"],
-            },
-        },
-    },
-    "required": ["name", "age", "skills", "work_history"],
-}
 IPV4 = r"((25[0-5]|(2[0-4]|1\d|[1-9]|)\d)\.){3}(25[0-5]|(2[0-4]|1\d|[1-9]|)\d)"
 MAX_N = 64  # minillm's --max-n default (vLLM's counterpart is VLLM_MAX_N_SEQUENCES)
 
@@ -571,25 +548,9 @@ def test_chat_completion_request_n_parameter_at_limit(client, model_name):
 
 @pytest.mark.quick
 def test_invalid_json_schema(client, model_name):
-    "vLLM: chat_completion/test_chat_completion.py::test_invalid_json_schema"
-    schema = {
-        "$defs": {
-            "CarType": {
-                "enum": ["sedan", "SUV", "Truck", "Coupe"],
-                "title": "CarType",
-                "type": "string",
-            }
-        },
-        "properties": {
-            "brand": {"title": "Brand", "type": "string"},
-            "model": {"title": "Model", "type": "string"},
-            "car_type": {"$ref": "#/$defs/CarType"},
-            "foo": "bar",  # not a schema
-        },
-        "required": ["brand", "model", "car_type"],
-        "title": "CarDescription",
-        "type": "object",
-    }
+    "vLLM: chat_completion/test_chat_completion.py::test_invalid_json_schema (and v1/"
+    "entrypoints/openai/test_chat_completion.py's copy)"
+    schema = INVALID_JSON_SCHEMA
     question = (
         "Generate a JSON with the brand, model and car_type ofthe most iconic car from the 90's"
     )

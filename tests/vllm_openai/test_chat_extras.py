@@ -24,6 +24,8 @@ import openai
 import pytest
 from helpers import minillm_serve, openai_client
 
+from vllm_openai.schemas import EMPLOYEE, WEATHER_OPTIONS, WEATHER_UNIT
+
 # vLLM's servers here differ only in --max-model-len (128 to 4080), --max-num-seqs and GPU flags
 # (--dtype, --enforce-eager, --gpu-memory-utilization), none of which an assertion depends on; the
 # function-calling module's --enable-auto-tool-choice --tool-call-parser hermes are kept for all.
@@ -469,39 +471,6 @@ def test_streaming_with_usage_option(client, model_name):
 
 # ---------------------------------------------------------------- function calling
 
-WEATHER_UNIT = {
-    "type": "string",
-    "description": "The unit to fetch the temperature in",
-    "enum": ["celsius", "fahrenheit"],
-}
-WEATHER_OPTIONS = {
-    "title": "WeatherOptions",
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "unit": {
-            "type": "string",
-            "enum": ["celsius", "fahrenheit"],
-            "default": "celsius",
-            "description": "Temperature unit",
-            "title": "Temperature Unit",
-        },
-        "include_forecast": {
-            "type": "boolean",
-            "default": False,
-            "description": "Whether to include a 24-hour forecast",
-            "title": "Include Forecast",
-        },
-        "language": {
-            "type": "string",
-            "default": "zh-CN",
-            "description": "Language of the response",
-            "title": "Language",
-            "enum": ["zh-CN", "en-US", "ja-JP"],
-        },
-    },
-}
-
 
 def place(what: str) -> dict:
     return {
@@ -567,27 +536,6 @@ BERLIN = [
         "the next 5 days, in fahrenheit?",
     },
 ]
-EMPLOYEE = {  # tests/entrypoints/conftest.py's sample_json_schema
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "skills": {"type": "array", "items": {"type": "string", "maxLength": 10}, "minItems": 3},
-        "work_history": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "company": {"type": "string"},
-                    "duration": {"type": "number"},
-                    "position": {"type": "string"},
-                },
-                "required": ["company", "position"],
-            },
-        },
-    },
-    "required": ["name", "age", "skills", "work_history"],
-}
 DUMMY_TOOL = [
     {
         "type": "function",

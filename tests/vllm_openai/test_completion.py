@@ -13,6 +13,8 @@ import numpy as np
 import openai
 import pytest
 
+from vllm_openai.schemas import INVALID_JSON_SCHEMA
+
 # vLLM: --dtype float32 --max-model-len 2048 --max-num-seqs 128 --enforce-eager
 # --enable-prompt-tokens-details --no-enable-prefix-caching (minillm always sends
 # prompt_tokens_details; --enforce-eager is a CUDA-graph switch, nothing on CPU)
@@ -322,24 +324,6 @@ def test_echo_logprob_completion(client, model_name, tokenizer, prompt, logprobs
     assert len(lp.tokens) > 5
 
 
-INVALID_JSON_SCHEMA = {
-    "$defs": {
-        "CarType": {
-            "enum": ["sedan", "SUV", "Truck", "Coupe"],
-            "title": "CarType",
-            "type": "string",
-        }
-    },
-    "properties": {
-        "brand": {"title": "Brand", "type": "string"},
-        "model": {"title": "Model", "type": "string"},
-        "car_type": {"$ref": "#/$defs/CarType"},
-        "foo": "bar",  # not a schema
-    },
-    "required": ["brand", "model", "car_type"],
-    "title": "CarDescription",
-    "type": "object",
-}
 INVALID_GRAMMAR = """
     root ::= select_statementinvalidsyntax
 

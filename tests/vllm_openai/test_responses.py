@@ -15,6 +15,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from vllm_openai.schemas import WEATHER_OPTIONS, WEATHER_UNIT
+
 # tests/v1/entrypoints/openai/responses/conftest.py: --max-model-len 8192 --enable-auto-tool-choice
 # --tool-call-parser hermes (--reasoning-parser qwen3: minillm has none; --guided-decoding-backend
 # xgrammar: minillm's only backend; --enforce-eager: no CUDA graphs on a CPU)
@@ -334,44 +336,12 @@ def test_streaming_types(client, model_name):
 
 # ---------------------------------------------------------------- responses/test_function_call.py
 
-WEATHER_OPTIONS = {
-    "title": "WeatherOptions",
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "unit": {
-            "type": "string",
-            "enum": ["celsius", "fahrenheit"],
-            "default": "celsius",
-            "description": "Temperature unit",
-            "title": "Temperature Unit",
-        },
-        "include_forecast": {
-            "type": "boolean",
-            "default": False,
-            "description": "Whether to include a 24-hour forecast",
-            "title": "Include Forecast",
-        },
-        "language": {
-            "type": "string",
-            "default": "zh-CN",
-            "description": "Language of the response",
-            "title": "Language",
-            "enum": ["zh-CN", "en-US", "ja-JP"],
-        },
-    },
-}
 CITY = {
     "type": "string",
     "description": "The city to find the weather for, e.g. 'Vienna'",
     "default": "Vienna",
 }
 COUNTRY = {"type": "string", "description": "The country that the city is in, e.g. 'Austria'"}
-UNIT = {
-    "type": "string",
-    "description": "The unit to fetch the temperature in",
-    "enum": ["celsius", "fahrenheit"],
-}
 TOOLS = [
     {
         "type": "function",
@@ -382,7 +352,7 @@ TOOLS = [
             "properties": {
                 "city": CITY,
                 "country": COUNTRY,
-                "unit": UNIT,
+                "unit": WEATHER_UNIT,
                 "options": {
                     "$ref": "#/$defs/WeatherOptions",
                     "description": "Optional parameters for weather query",
@@ -405,7 +375,7 @@ TOOLS = [
                     "type": "integer",
                     "description": "Number of days to get the forecast for (1-7)",
                 },
-                "unit": UNIT,
+                "unit": WEATHER_UNIT,
             },
             "required": ["country", "days", "unit"],
         },

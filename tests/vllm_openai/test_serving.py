@@ -631,38 +631,6 @@ def test_single_completion(client, model_name, tokenizer):
 
 
 @pytest.mark.quick
-def test_invalid_json_schema(client, model_name):
-    "vLLM: v1/entrypoints/openai/test_chat_completion.py::test_invalid_json_schema"
-    schema = {
-        "$defs": {
-            "CarType": {
-                "enum": ["sedan", "SUV", "Truck", "Coupe"],
-                "title": "CarType",
-                "type": "string",
-            }
-        },
-        "properties": {
-            "brand": {"title": "Brand", "type": "string"},
-            "model": {"title": "Model", "type": "string"},
-            "car_type": {"$ref": "#/$defs/CarType"},
-            "foo": "bar",
-        },
-        "required": ["brand", "model", "car_type"],
-        "title": "CarDescription",
-        "type": "object",
-    }
-    prompt = (
-        "Generate a JSON with the brand, model and car_type of the most iconic car from the 90's"
-    )
-    with pytest.raises((openai.BadRequestError, openai.APIError)):
-        client.chat.completions.create(
-            model=model_name,
-            messages=[{"role": "user", "content": prompt}],
-            extra_body={"guided_json": schema},
-        )
-
-
-@pytest.mark.quick
 def test_invalid_regex(client, model_name):
     "vLLM: v1/entrypoints/openai/test_chat_completion.py::test_invalid_regex"
     prompt = (
