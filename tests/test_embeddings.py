@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from helpers import ask, minillm_serve, openai_client
 
+from minillm.course.naive import greedy_divergence
+
 TEXTS = ["The cat sat on the mat.", "A cat is sitting on a rug.", "Stocks fell sharply today."]
 
 
@@ -121,26 +123,26 @@ def test_too_long_input_says_to_truncate(server, tokenizer):
     assert post(server, input=long, truncate_prompt_tokens=-1).status_code == 200
 
 
-def test_generation_beside_embeddings_is_untouched(server, client):
-    alone = client.chat.completions.create(
-        model="m", messages=ask("Name three rivers."), temperature=0, max_tokens=24
-    )
+def test_generation_beside_embeddings_is_untouched(server, client, hf_model, eos_ids):
+    def chat():
+        extra = {"return_token_ids": True}
+        return client.chat.completions.create(
+            model="m",
+            messages=ask("Name three rivers."),
+            temperature=0,
+            max_tokens=24,
+            extra_body=extra,
+        ).model_dump()
+
     with ThreadPoolExecutor(4) as pool:
-        chats = [
-            pool.submit(
-                client.chat.completions.create,
-                model="m",
-                messages=ask("Name three rivers."),
-                temperature=0,
-                max_tokens=24,
-            )
-            for _ in range(2)
-        ]
+        chats = [pool.submit(chat) for _ in range(2)]
         vectors = [pool.submit(client.embeddings.create, model="m", input=TEXTS) for _ in range(4)]
-        texts = [c.result().choices[0].message.content for c in chats]
         first = vectors[0].result().data
-        assert all(v.result().data == first for v in vectors)
-    assert texts == [alone.choices[0].message.content] * 2
+        assert all(v.result().data == first for v in vectors)  # the same passes, in turn
+        for c in chats:  # batched with each other, between embedding passes: transformers' tokens
+            r = c.result()
+            tokens = r["choices"][0]["token_ids"]
+            greedy_divergence(hf_model, r["prompt_token_ids"], tokens, eos_ids)
     metrics = httpx.get(f"{server}/metrics").text
     values = {
         l.split()[0]: float(l.split()[1])

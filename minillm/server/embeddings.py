@@ -27,16 +27,15 @@ from pydantic import BaseModel, ConfigDict
 
 from ..llm import as_prompt_list
 from ..model import no_cache_attention
-from .protocol import APIError, check_extra_fields, checked_text
+from .openai_fields import prompt_options, truncated
+from .protocol import INERT, UNSUPPORTED, APIError, check_extra_fields, checked_text
 
 # vLLM's embedding fields that minillm does not implement: (what, values asking nothing)
 EMBEDDING_REFUSED = {
     "messages": ("chat embeddings; render the conversation and send it as input", ()),
-    "priority": ("priority scheduling", (0,)),
-    "mm_processor_kwargs": ("other modalities", ({},)),
-    "cache_salt": ("prefix-cache salts (embeddings use no cache)", ()),
+    **{name: UNSUPPORTED[name] for name in ("priority", "mm_processor_kwargs", "cache_salt")},
 }
-EMBEDDING_INERT = {"user": "an end user's id for the provider's abuse monitoring"}
+EMBEDDING_INERT = {"user": INERT["user"]}
 
 
 class PoolerConfig(BaseModel):
@@ -55,7 +54,8 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None  # only the model's own: SmolLM2 is no Matryoshka model
-    truncate_prompt_tokens: int | None = None  # keep the last N tokens; -1: the model's length
+    truncate_prompt_tokens: int | None = None  # keep N tokens; -1: the model's length
+    truncation_side: Literal["left", "right"] | None = None  # which end truncation cuts
     add_special_tokens: bool = True
     normalize: bool | None = None  # None: the server's pooler config
     use_activation: bool | None = None  # vLLM's newer name for normalize
@@ -76,11 +76,7 @@ class EmbeddingRequest(BaseModel):
         inputs = as_prompt_list(self.input)
         if not 1 <= len(inputs) <= max_inputs:
             raise APIError(400, f"input holds 1 to {max_inputs} inputs", param="input")
-        n = self.truncate_prompt_tokens
-        if n is not None and not (n == -1 or 1 <= n <= max_model_len):
-            message = f"truncate_prompt_tokens is -1 (the model's length) or 1..{max_model_len}"
-            raise APIError(400, message, param="truncate_prompt_tokens")
-        keep = max_model_len if n == -1 else n
+        options = prompt_options(self, max_model_len, tokenizer)  # completions' truncation
         lists = []
         for i, item in enumerate(inputs):
             if isinstance(item, str):
@@ -89,7 +85,7 @@ class EmbeddingRequest(BaseModel):
             if not all(0 <= t < vocab_size for t in item):
                 message = f"input[{i}]: token ids are in [0, {vocab_size})"
                 raise APIError(400, message, param="input")
-            item = item[-keep:] if keep else item
+            item = truncated(item, options)
             if not 1 <= len(item) <= max_model_len:
                 message = f"input[{i}] has {len(item)} tokens; 1 to {max_model_len} embed"
                 raise APIError(400, message + " (or set truncate_prompt_tokens)", param="input")

@@ -170,7 +170,13 @@ def test_server_load(server):
     def long_completion():
         return httpx.post(
             server.url_for("v1/completions"),
-            json={"prompt": "Give me a long story", "max_tokens": 1000, "temperature": 0},
+            # ignore_eos: the request must still run when the poll looks, whatever the model says
+            json={
+                "prompt": "Give me a long story",
+                "max_tokens": 1000,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
             timeout=600,
         )
 
