@@ -1051,6 +1051,10 @@ d = {
                 "engine.html#enginedeaderror",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.IterationStats": (
+                "engine.html#iterationstats",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.LLMEngine": (
                 "engine.html#llmengine",
                 "minillm/engine/llm_engine.py",
@@ -1275,6 +1279,10 @@ d = {
             ),
             "minillm.engine.request.Request.finished": (
                 "scheduler.html#request.finished",
+                "minillm/engine/request.py",
+            ),
+            "minillm.engine.request.Request.is_prefilling": (
+                "scheduler.html#request.is_prefilling",
                 "minillm/engine/request.py",
             ),
             "minillm.engine.request.Request.needs_prompt_logits": (
@@ -2377,6 +2385,18 @@ d = {
                 "serving.html#responder.respond",
                 "minillm/server/api_server.py",
             ),
+            "minillm.server.api_server.RootPath": (
+                "serving.html#rootpath",
+                "minillm/server/api_server.py",
+            ),
+            "minillm.server.api_server.RootPath.__call__": (
+                "serving.html#rootpath.__call__",
+                "minillm/server/api_server.py",
+            ),
+            "minillm.server.api_server.RootPath.__init__": (
+                "serving.html#rootpath.__init__",
+                "minillm/server/api_server.py",
+            ),
             "minillm.server.api_server._add_error_handlers": (
                 "serving.html#_add_error_handlers",
                 "minillm/server/api_server.py",
@@ -2406,8 +2426,16 @@ d = {
                 "serving.html#error_response",
                 "minillm/server/api_server.py",
             ),
+            "minillm.server.api_server.load_report": (
+                "serving.html#load_report",
+                "minillm/server/api_server.py",
+            ),
             "minillm.server.api_server.serve": (
                 "serving.html#serve",
+                "minillm/server/api_server.py",
+            ),
+            "minillm.server.api_server.system_fingerprint": (
+                "serving.html#system_fingerprint",
                 "minillm/server/api_server.py",
             ),
         },
@@ -2540,12 +2568,28 @@ d = {
                 "serving.html#servermetrics.__init__",
                 "minillm/server/metrics.py",
             ),
+            "minillm.server.metrics.ServerMetrics._add_request_metrics": (
+                "serving.html#servermetrics._add_request_metrics",
+                "minillm/server/metrics.py",
+            ),
             "minillm.server.metrics.ServerMetrics._advance": (
                 "serving.html#servermetrics._advance",
                 "minillm/server/metrics.py",
             ),
             "minillm.server.metrics.ServerMetrics._count_transfers": (
                 "serving.html#servermetrics._count_transfers",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics.ServerMetrics._observe_finished": (
+                "serving.html#servermetrics._observe_finished",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics.ServerMetrics.describe_cache": (
+                "serving.html#servermetrics.describe_cache",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics.ServerMetrics.observe_admitted": (
+                "serving.html#servermetrics.observe_admitted",
                 "minillm/server/metrics.py",
             ),
             "minillm.server.metrics.ServerMetrics.on_step": (
@@ -2566,6 +2610,10 @@ d = {
             ),
             "minillm.server.metrics.VllmNames.collect": (
                 "serving.html#vllmnames.collect",
+                "minillm/server/metrics.py",
+            ),
+            "minillm.server.metrics._buckets_1_2_5": (
+                "serving.html#_buckets_1_2_5",
                 "minillm/server/metrics.py",
             ),
         },
@@ -2662,12 +2710,20 @@ d = {
                 "openai_api.html#chat_logprobs",
                 "minillm/server/openai_fields.py",
             ),
+            "minillm.server.openai_fields.check_token_in": (
+                "openai_api.html#check_token_in",
+                "minillm/server/openai_fields.py",
+            ),
             "minillm.server.openai_fields.check_tools": (
                 "openai_api.html#check_tools",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.completion_logprobs": (
                 "openai_api.html#completion_logprobs",
+                "minillm/server/openai_fields.py",
+            ),
+            "minillm.server.openai_fields.content_format": (
+                "openai_api.html#content_format",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.echoed_message": (
@@ -2734,6 +2790,10 @@ d = {
                 "openai_api.html#token_texts",
                 "minillm/server/openai_fields.py",
             ),
+            "minillm.server.openai_fields.tokenizer_info": (
+                "openai_api.html#tokenizer_info",
+                "minillm/server/openai_fields.py",
+            ),
             "minillm.server.openai_fields.tool_call_schema": (
                 "openai_api.html#tool_call_schema",
                 "minillm/server/openai_fields.py",
@@ -2766,6 +2826,10 @@ d = {
             ),
             "minillm.server.protocol.ChatCompletionRequest": (
                 "serving.html#chatcompletionrequest",
+                "minillm/server/protocol.py",
+            ),
+            "minillm.server.protocol.ChatCompletionRequest.conversations": (
+                "serving.html#chatcompletionrequest.conversations",
                 "minillm/server/protocol.py",
             ),
             "minillm.server.protocol.ChatCompletionRequest.tool_mode": (
@@ -2825,6 +2889,10 @@ d = {
                 "minillm/server/protocol.py",
             ),
             "minillm.server.protocol._limit": ("serving.html#_limit", "minillm/server/protocol.py"),
+            "minillm.server.protocol._messages_shape": (
+                "serving.html#_messages_shape",
+                "minillm/server/protocol.py",
+            ),
             "minillm.server.protocol._unused": (
                 "serving.html#_unused",
                 "minillm/server/protocol.py",
@@ -2843,12 +2911,44 @@ d = {
             ),
         },
         "minillm.server.responses": {
+            "minillm.server.responses.ResponseStore": (
+                "openai_api.html#responsestore",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponseStore.__init__": (
+                "openai_api.html#responsestore.__init__",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponseStore.get": (
+                "openai_api.html#responsestore.get",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponseStore.put": (
+                "openai_api.html#responsestore.put",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponseStore.remove": (
+                "openai_api.html#responsestore.remove",
+                "minillm/server/responses.py",
+            ),
             "minillm.server.responses.ResponsesRequest": (
                 "openai_api.html#responsesrequest",
                 "minillm/server/responses.py",
             ),
             "minillm.server.responses.ResponsesRequest.chat_request": (
                 "openai_api.html#responsesrequest.chat_request",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesRequest.check_reasoning": (
+                "openai_api.html#responsesrequest.check_reasoning",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesRequest.extras": (
+                "openai_api.html#responsesrequest.extras",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesRequest.input_messages": (
+                "openai_api.html#responsesrequest.input_messages",
                 "minillm/server/responses.py",
             ),
             "minillm.server.responses.ResponsesShape": (
@@ -2875,12 +2975,16 @@ d = {
                 "openai_api.html#responsesshape._done",
                 "minillm/server/responses.py",
             ),
+            "minillm.server.responses.ResponsesShape._done_with": (
+                "openai_api.html#responsesshape._done_with",
+                "minillm/server/responses.py",
+            ),
             "minillm.server.responses.ResponsesShape._event": (
                 "openai_api.html#responsesshape._event",
                 "minillm/server/responses.py",
             ),
-            "minillm.server.responses.ResponsesShape._response": (
-                "openai_api.html#responsesshape._response",
+            "minillm.server.responses.ResponsesShape._raw_message": (
+                "openai_api.html#responsesshape._raw_message",
                 "minillm/server/responses.py",
             ),
             "minillm.server.responses.ResponsesShape._text": (
@@ -2893,6 +2997,22 @@ d = {
             ),
             "minillm.server.responses.ResponsesShape.events": (
                 "openai_api.html#responsesshape.events",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape.response": (
+                "openai_api.html#responsesshape.response",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.StoredResponse": (
+                "openai_api.html#storedresponse",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._Detached": (
+                "openai_api.html#_detached",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._Detached.receive": (
+                "openai_api.html#_detached.receive",
                 "minillm/server/responses.py",
             ),
             "minillm.server.responses._add_item": (
@@ -2915,8 +3035,20 @@ d = {
                 "openai_api.html#_chat_tool_choice",
                 "minillm/server/responses.py",
             ),
+            "minillm.server.responses._logprobs": (
+                "openai_api.html#_logprobs",
+                "minillm/server/responses.py",
+            ),
             "minillm.server.responses._message_item": (
                 "openai_api.html#_message_item",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._output_messages": (
+                "openai_api.html#_output_messages",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._run_detached": (
+                "openai_api.html#_run_detached",
                 "minillm/server/responses.py",
             ),
             "minillm.server.responses._text": (
@@ -2925,6 +3057,10 @@ d = {
             ),
             "minillm.server.responses._usage": (
                 "openai_api.html#_usage",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.add_responses_routes": (
+                "openai_api.html#add_responses_routes",
                 "minillm/server/responses.py",
             ),
         },

@@ -224,7 +224,10 @@ def cmd_serve(args):
             "enable_auto_tool_choice": args.enable_auto_tool_choice,
             "tool_call_parser": args.tool_call_parser,
             "chat_template": args.chat_template,
+            "chat_template_content_format": args.chat_template_content_format,
             "pooler_config": args.pooler_config,
+            "enable_tokenizer_info": args.enable_tokenizer_info_endpoint,
+            "root_path": args.root_path,
         },
         **engine_kwargs(args),
     )
@@ -377,6 +380,23 @@ def add_api_flags(p: argparse.ArgumentParser):
         "--enable-server-load-tracking",
         action="store_true",
         help="vLLM's switch for GET /load, which minillm always serves",
+    )
+    p.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action="store_true",
+        help="serve GET /tokenizer_info: the tokenizer's class and configuration",
+    )
+    p.add_argument(
+        "--chat-template-content-format",
+        choices=("auto", "string", "openai"),
+        default="auto",
+        help="content parts reach the template joined into a string, or as OpenAI's list of parts "
+        "(auto: a list when the template loops over a message's content; default: %(default)s)",
+    )
+    p.add_argument(
+        "--root-path",
+        default="",
+        help="the path prefix a proxy serves the API under (/v1 is also served without it)",
     )
     p.add_argument(
         "--pooler-config",

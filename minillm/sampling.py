@@ -83,6 +83,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # What clients of an OpenAI API expect besides (chapter 12b builds them):
     logprobs: int | None = None  # log probabilities of each output token and of its top N
+    logprob_token_ids: list[int] | None = None  # these tokens' logprobs in place of the top N
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
     prompt_logprobs_temperature: float = 1.0  # the prompt's logits are divided by it first
     presence_penalty: float = 0.0  # subtracted from the logit of every token already generated
@@ -97,6 +98,7 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias or {})
         self.bad_words = list(self.bad_words or [])
+        self.logprob_token_ids = list(self.logprob_token_ids or [])
         self.validate()
 
     @property
@@ -172,6 +174,12 @@ class SamplingParams:
                 value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS),
                 f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}",
             )
+        ids = self.logprob_token_ids
+        _check(
+            all(_is_int(t) and 0 <= t < 2**63 for t in ids) and len(ids) <= MAX_LOGPROBS,
+            f"logprob_token_ids is at most {MAX_LOGPROBS} token ids, got {ids[:4]!r}...",
+        )
+        _check(not ids or self.logprobs is not None, "logprob_token_ids needs logprobs")
         t = self.prompt_logprobs_temperature
         _check(_is_num(t) and t > 0, f"prompt_logprobs_temperature must be > 0, got {t!r}")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -858,3 +858,40 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     extras._tool_calls(choice, message, calls, "stop")
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["f"]
     assert choice["finish_reason"] == "tool_calls"
+
+
+def test_batched_and_token_in_chats_equal_transformers(server, hf_model, tokenizer):
+    "vLLM's batched chat (a list of conversations) and token-in chat: each answer is greedy-exact."
+    from minillm.loader import encode_chat
+
+    questions = ["What is 2 + 2?", "Name a fruit.", "Say hi in French."]
+    body = {"messages": [ask(q) for q in questions], "max_tokens": 12, "temperature": 0}
+    body["return_token_ids"] = True
+    r = httpx.post(server + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for question, choice in zip(questions, choices):
+        ids = encode_chat(tokenizer, ask(question))
+        greedy_divergence(hf_model, ids, choice["token_ids"], None)
+        token_in = {"messages": [], "prompt_token_ids": ids, "max_tokens": 12, "temperature": 0}
+        again = httpx.post(server + "/v1/chat/completions", json=token_in, timeout=120).json()
+        assert again["choices"][0]["message"]["content"] == choice["message"]["content"]
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] == sum(len(encode_chat(tokenizer, ask(q))) for q in questions)
+
+
+def test_logprob_token_ids_are_the_top_logprobs_of_those_tokens(client):
+    "vLLM's logprob_token_ids: the tokens named stand in for the top N, with the same logprobs."
+    model = client.models.list().data[0].id
+    kw = dict(model=model, messages=ask("Name a fruit."), max_tokens=4, temperature=0)
+    kw |= dict(logprobs=True, top_logprobs=5, extra_body={"return_tokens_as_token_ids": True})
+    top = client.chat.completions.create(**kw).choices[0].logprobs.content
+    wanted = [int(e.token.removeprefix("token_id:")) for e in top[0].top_logprobs][::-1]
+    kw["extra_body"] |= {"logprob_token_ids": wanted}
+    named = client.chat.completions.create(**kw).choices[0].logprobs.content
+    assert [e.token for e in named] == [e.token for e in top]  # the same greedy answer
+    got = {int(e.token.removeprefix("token_id:")): e.logprob for e in named[0].top_logprobs}
+    assert list(got) == wanted
+    for e in top[0].top_logprobs:
+        assert got[int(e.token.removeprefix("token_id:"))] == pytest.approx(e.logprob, abs=1e-5)

@@ -1,11 +1,14 @@
 """Chapter 12b's Responses API (`POST /v1/responses`) through the official openai client: each
 answer equals the chat completion it amounts to, streamed events add up to the same response, and
-what minillm does not implement is refused by name."""
+stored responses continue as the whole conversation would, and what minillm does not implement is
+refused by name."""
 
 import json
+import time
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from helpers import minillm_serve, openai_client
 
@@ -131,15 +134,18 @@ def test_structured_text_formats(client):
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"store": True}, "store"),
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
-        ({"include": ["message.output_text.logprobs"]}, "include"),
-        ({"background": True}, "background"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning"),
+        ({"include": ["file_search_call.results"]}, "include"),
+        ({"background": True, "store": False}, "background"),
+        ({"background": True, "stream": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"tools": [TOOL]}, "tool_choice"),  # 'auto' without --enable-auto-tool-choice
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+        (
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "x"}]}]},
+            "input",
+        ),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input"),
         ({"frobnicate": 1}, "frobnicate"),
     ],
@@ -151,3 +157,68 @@ def test_what_is_not_implemented_is_refused_by_name(server, extra, param):
     # what asks for nothing, or cannot change the answer, is accepted
     body = {"model": "m", "input": "hi", "max_output_tokens": 2, "store": False, "user": "u"}
     assert httpx.post(f"{server}/v1/responses", json=body, timeout=60).status_code == 200
+
+
+def test_a_stored_response_continues_as_the_whole_conversation(client):
+    "previous_response_id replays the stored turn: the answer equals the chat of all of it."
+    first = respond(client, "My name is Ada. Say hello.", instructions="Be brief.")
+    second = respond(client, "What is my name?", previous_response_id=first.id)
+    history = [
+        {"role": "user", "content": "My name is Ada. Say hello."},  # the instructions do not carry
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    c = chat(client, history)
+    assert second.output_text == c.choices[0].message.content
+    assert second.usage.input_tokens == c.usage.prompt_tokens
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+    unstored = respond(client, "Hello", store=False)
+    for missing in (unstored.id, "resp_nothing"):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(missing)
+    with pytest.raises(openai.NotFoundError):
+        respond(client, "Hi", previous_response_id="resp_nothing")
+
+
+def test_logprobs_equal_the_chat_completions(client):
+    include = ["message.output_text.logprobs"]
+    r = respond(client, "Count to five.", include=include, top_logprobs=3)
+    c = chat(client, [{"role": "user", "content": "Count to five."}], logprobs=True, top_logprobs=3)
+    ours, theirs = r.output[0].content[0].logprobs, c.choices[0].logprobs.content
+    assert [e.token for e in ours] == [e.token for e in theirs]
+    assert [e.logprob for e in ours] == pytest.approx([e.logprob for e in theirs], abs=1e-4)
+    assert all(len(e.top_logprobs) == 3 for e in ours)
+    events = list(respond(client, "Count to five.", include=include, top_logprobs=3, stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [e.token for e in streamed] == [e.token for e in ours]
+
+
+def test_background_runs_to_the_same_answer_and_cancels(server, client):
+    sync = respond(client, "Name a color.")
+    queued = respond(client, "Name a color.", background=True)
+    assert queued.status == "queued" and queued.output == []
+    for _ in range(300):
+        done = client.responses.retrieve(queued.id)
+        if done.status not in ("queued", "in_progress"):
+            break
+        time.sleep(0.1)
+    assert done.output_text == sync.output_text and done.status == sync.status
+    with pytest.raises(openai.BadRequestError, match="synchronous"):
+        client.responses.cancel(sync.id)
+    long = respond(client, "Write a long story.", background=True, max_output_tokens=2000)
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    metrics = lambda: httpx.get(f"{server}/metrics", timeout=30).text  # noqa: E731
+    for _ in range(100):  # its engine request was aborted: nothing runs, no block is held
+        if "\nminillm_requests_running 0.0" in metrics():
+            break
+        time.sleep(0.1)
+    text = metrics()
+    assert "\nminillm_requests_running 0.0" in text and "\nminillm_kv_cache_usage_ratio 0.0" in text
+
+
+def test_input_tokens_count_what_the_response_reads(server, client):
+    r = respond(client, "How many tokens is this?", instructions="Answer briefly.")
+    body = {"model": "m", "input": "How many tokens is this?", "instructions": "Answer briefly."}
+    counted = httpx.post(f"{server}/v1/responses/input_tokens", json=body, timeout=60).json()
+    assert counted == {"object": "response.input_tokens", "input_tokens": r.usage.input_tokens}

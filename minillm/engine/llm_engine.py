@@ -17,6 +17,7 @@ __all__ = [
     "draft_model_budget",
     "size_kv_pool",
     "create_model_runner",
+    "IterationStats",
     "EngineDeadError",
     "LLMEngine",
 ]
@@ -148,9 +149,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     arrival_time: float = 0.0
-    token_times: list[float] = field(
-        default_factory=list
-    )  # the request's own list: no copy per step
+    # the request's own list: no copy per step
+    token_times: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
@@ -160,6 +160,8 @@ class RequestOutput:
     num_accepted_tokens: int = 0  # and of those, accepted
     delta_logprobs: list = field(default_factory=list)  # of delta_token_ids, when asked (12b)
     prompt_logprobs: list | None = None  # per prompt token (None first), when asked
+    first_scheduled_time: float | None = None  # when it first ran: its time in the queue ends
+    num_preemptions: int = 0  # how often the scheduler preempted it (chapter 6)
 
     @property
     def metrics(self) -> RequestLatency | None:
@@ -213,6 +215,8 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
         req.num_accepted_tokens,
         req.logprobs[len(req.logprobs) - len(delta_ids) :] if req.logprobs else [],
         req.prompt_logprobs,
+        req.first_scheduled_time,
+        req.num_preemptions,
     )
 
 
@@ -316,6 +320,15 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
 
 
 # %% ../../nbs/07b_engine.ipynb #0487fa5b
+@dataclass(frozen=True)
+class IterationStats:
+    "What one step computed: its number (from 1), prompt tokens prefilled and tokens generated."
+
+    index: int
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
 class EngineDeadError(RuntimeError):
     """The engine cannot run another step (its thread stopped, or a tensor-parallel worker died):
     every request in it has ended."""
@@ -373,6 +386,7 @@ class LLMEngine:
 
             self.kv_connector = make_kv_connector(cfg, self.runner.cache, self.scheduler)
         self._ids, self._seq_ids = itertools.count(), itertools.count()
+        self.last_iteration = IterationStats(0, 0, 0)  # the newest step's token counts
 
     def make_request(
         self,
@@ -495,6 +509,7 @@ class LLMEngine:
             return []
         if self.proposer is not None:  # chapter 12: draft tokens for the decodes to verify
             self.scheduler.set_drafts(out, self.proposer.propose(out))
+        prefill = sum(n for r, n in zip(out.requests, out.num_tokens) if r.is_prefilling)
         sampled, errors = self._execute_isolating_failures(out)
         outputs = [self._fail(req, e) for req, e in errors.items()]
         going_on = []  # (request, scheduled tokens, new tokens up to a stop, their text)
@@ -513,6 +528,8 @@ class LLMEngine:
         for req, tokens, delta in zip(reqs, kept, deltas):
             if tokens:
                 outputs.append(self._emit(req, tokens, delta))
+        generated = sum(len(o.delta_token_ids) for o in outputs)
+        self.last_iteration = IterationStats(self.last_iteration.index + 1, prefill, generated)
         return outputs
 
     def _execute_isolating_failures(self, out: SchedulerOutput) -> tuple[list, dict]:

@@ -39,9 +39,10 @@ class TokenLogprobs(NamedTuple):
 
 
 def token_logprobs(
-    logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]
+    logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: list[int], listed=None
 ) -> list[TokenLogprobs]:
-    "Row i's entry for token_ids[i] with its num_top[i] most likely tokens. logprobs: [R, V]."
+    """Row i's entry for token_ids[i] with its num_top[i] most likely tokens, or (vLLM's
+    logprob_token_ids) with the tokens `listed[i]` names in their place. logprobs: [R, V]."""
     chosen = logprobs.gather(1, token_ids[:, None])
     ranks = (logprobs > chosen).sum(-1) + 1
     k = max(num_top, default=0)
@@ -49,10 +50,15 @@ def token_logprobs(
     rows = zip(
         token_ids.tolist(), chosen[:, 0].tolist(), ranks.tolist(), top_ids.tolist(), top_lp.tolist()
     )
-    return [
+    entries = [
         TokenLogprobs(t, lp, r, [(i, x) for i, x in zip(ids[:n], lps[:n]) if x > -math.inf])
         for (t, lp, r, ids, lps), n in zip(rows, num_top)
     ]
+    for i, ids in enumerate(listed or []):
+        if ids:
+            named = list(zip(ids, logprobs[i, ids].tolist()))
+            entries[i] = entries[i]._replace(top=named[: num_top[i]])
+    return entries
 
 
 # %% ../../nbs/12b_openai_api.ipynb #6b54d7f6
@@ -218,14 +224,16 @@ def sample_processed(
 
 def record_logprobs(raw: torch.Tensor, reqs: list[Request], tokens: list[list[int]]):
     "Set `new_logprobs` of each request that asks: token j of its new tokens from its row j."
-    index, ids, nums, row = [], [], [], 0
+    index, ids, nums, listed, row = [], [], [], [], 0
     for req, new in zip(reqs, tokens):
         if req.params.logprobs is not None:
             index += range(row, row + len(new))
             ids += new
             nums += [req.params.logprobs] * len(new)
+            listed += [req.params.logprob_token_ids] * len(new)
         row += 1 + len(req.spec_token_ids)
-    entries = token_logprobs(raw[index], torch.tensor(ids, device=raw.device), nums)
+    chosen = torch.tensor(ids, device=raw.device)
+    entries = token_logprobs(raw[index], chosen, nums, listed)
     for req, new in zip(reqs, tokens):
         if req.params.logprobs is not None:
             req.new_logprobs, entries = entries[: len(new)], entries[len(new) :]
@@ -237,6 +245,10 @@ def prepare_request(req: Request, tokenizer, vocab_size: int, structured_outputs
     the vocabulary, bad words as token ids, its grammar's matcher, its prompt logprobs list."""
     p = req.params
     bad = [t for t in p.logit_bias if t >= vocab_size]
+    outside = [t for t in p.logprob_token_ids if t >= vocab_size][:5]
+    if outside:
+        message = f"logprob_token_ids has ids outside the vocabulary [0, {vocab_size}): {outside}"
+        raise ValueError(message)
     if bad:
         raise ValueError(
             f"logit_bias has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"

@@ -71,6 +71,11 @@ class Request(Sequence):
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
+    def is_prefilling(self) -> bool:
+        "Are its next tokens prompt tokens (its prompt, or all it had when it was preempted)?"
+        return self.num_computed_tokens < self.prompt_len or self.num_pending_tokens > 1
+
+    @property
     def finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 

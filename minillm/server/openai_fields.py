@@ -8,6 +8,7 @@ __all__ = [
     "MAX_LOGIT_BIAS",
     "MAX_BAD_WORDS",
     "TEMPLATE_OWN",
+    "TEMPLATE_OPTIONS",
     "echoed_message",
     "response_format_guide",
     "rebased_refs",
@@ -15,6 +16,8 @@ __all__ = [
     "check_tools",
     "template_uses",
     "template_renders_tools",
+    "content_format",
+    "tokenizer_info",
     "structured_outputs_guide",
     "guided_decoding_of",
     "parse_tool_calls",
@@ -29,6 +32,7 @@ __all__ = [
     "OutputExtras",
     "processing_params",
     "prompt_options",
+    "check_token_in",
     "shaped_prompt",
     "truncated",
     "field_status",
@@ -45,6 +49,8 @@ import json
 import re
 import struct
 
+import jinja2
+import jinja2.nodes
 from tokenizers.decoders import DecodeStream
 
 from ..engine.logits_processor import TokenLogprobs
@@ -131,6 +137,8 @@ def tool_call_schema(tools: list[dict]) -> dict:
 def check_tools(tools: list | None, tool_choice) -> str:
     """What `tools` and `tool_choice` ask for: 'none', 'auto', 'required' or a function's name;
     APIError(400) for a malformed tool list or choice."""
+    if tools == []:
+        _refuse("tools must not be an empty array; leave it out for a chat without tools", "tools")
     tools = tools or []
     for t in tools:
         f = t.get("function") if isinstance(t, dict) else None
@@ -170,6 +178,45 @@ def template_uses(tokenizer, name: str) -> bool:
 def template_renders_tools(tokenizer) -> bool:
     "Does the chat template use the `tools` it is given (the models trained to call tools do)?"
     return template_uses(tokenizer, "tools")
+
+
+def content_format(tokenizer, requested: str = "auto") -> str:
+    """vLLM's --chat-template-content-format: 'string' (a message's text parts joined) or
+    'openai' (its list of parts, each with all its fields); 'auto' picks 'openai' when the template
+    loops over a message's content."""
+    if requested not in ("auto", "string", "openai"):
+        raise ValueError("--chat-template-content-format is auto, string or openai")
+    if requested != "auto":
+        return requested
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        tree = env.parse(tokenizer.chat_template or "")
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    for loop in tree.find_all(jinja2.nodes.For):
+        it = loop.iter
+        by_attr = isinstance(it, jinja2.nodes.Getattr) and it.attr == "content"
+        by_key = (
+            isinstance(it, jinja2.nodes.Getitem) and getattr(it.arg, "value", None) == "content"
+        )
+        if by_attr or by_key:
+            return "openai"
+    return "string"
+
+
+def tokenizer_info(tokenizer) -> dict:
+    "vLLM's GET /tokenizer_info: the tokenizer's class and configuration (its JSON-able values)."
+    info = {"tokenizer_class": type(tokenizer).__name__}
+    for key, value in tokenizer.init_kwargs.items():
+        value = str(value) if type(value).__name__ == "AddedToken" else value
+        try:
+            json.dumps(value)
+        except TypeError:
+            continue
+        info[key] = value
+    info["model_max_length"] = tokenizer.model_max_length
+    info["chat_template"] = tokenizer.chat_template
+    return info
 
 
 STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
@@ -248,7 +295,7 @@ def parse_tool_calls(
         try:
             return None, [tool_call(c["name"], c["parameters"]) for c in json.loads(text)]
         except (ValueError, KeyError, TypeError):
-            return text, []  # cut off by max_tokens: the text is not a complete call
+            return "", []  # cut off by max_tokens: no call, and (as OpenAI answers) no content
     try:
         json.loads(text)
     except ValueError:
@@ -606,6 +653,7 @@ def processing_params(body) -> dict:
         repetition_penalty=_or(body.repetition_penalty, 1.0),
         logit_bias={int(k): v for k, v in bias.items()},
         bad_words=body.bad_words,
+        logprob_token_ids=body.logprob_token_ids,
         guided_decoding=guided_decoding_of(body, tool_mode),
     )
 
@@ -659,6 +707,31 @@ def prompt_options(body, max_model_len: int, tokenizer) -> dict:
                 _refuse(f"this model's chat template does not use {name!r}", field)
         options["template"] = kwargs
     return options
+
+
+TEMPLATE_OPTIONS = (  # what shapes how a chat template renders a conversation
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "documents",
+    "reasoning_effort",
+    "echo",
+)
+
+
+def check_token_in(body):
+    """vLLM's token-in chat: `prompt_token_ids` are the conversation already rendered (by
+    /tokenize, or by the client), sent with empty messages; nothing may render it again."""
+    if body.messages:
+        _refuse("send prompt_token_ids with empty messages, not with messages", "prompt_token_ids")
+    if not body.prompt_token_ids:
+        _refuse("prompt_token_ids must not be empty", "prompt_token_ids")
+    for name in TEMPLATE_OPTIONS:
+        if name in body.model_fields_set:
+            message = (
+                f"{name} shapes how messages are rendered; prompt_token_ids are rendered already"
+            )
+            _refuse(message, name)
 
 
 def shaped_prompt(tokenizer, prompt, options: dict) -> str | list[int]:

@@ -9,6 +9,9 @@ __all__ = [
     "STRICT",
     "MAX_MESSAGES",
     "MAX_PARTS",
+    "Conversation",
+    "Conversations",
+    "Messages",
     "ServerLimits",
     "APIError",
     "check_extra_fields",
@@ -25,9 +28,9 @@ __all__ = [
 
 # %% ../../nbs/09_serving.ipynb #97593025
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from ..llm import as_prompt_list
 from ..sampling import SamplingParams, check_text
@@ -93,7 +96,6 @@ UNSUPPORTED = {
     "watermarking": ("watermarking", (False,)),
     "spaces_between_special_tokens": ("spaces between special tokens", (True,)),
     "allowed_token_ids": ("allowed_token_ids (use logit_bias)", ()),
-    "logprob_token_ids": ("logprobs of chosen token ids", ()),
     "thinking_token_budget": ("a thinking budget (there is no reasoning parser)", ()),
     "include_reasoning": ("reasoning content (there is no reasoning parser)", (True,)),
     "chat_template": ("per-request chat templates", ()),
@@ -190,6 +192,7 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None  # their logprobs in place of the top N
     prompt_logprobs_temperature: float | None = None  # of the prompt's logprobs only
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -293,10 +296,13 @@ class ChatMessage(BaseModel):
     # the bound is on the parts of a list; a string's length is `checked_text`'s to judge
     content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_PARTS)] | None = None
 
-    def as_dict(self) -> dict:
-        "The message as a chat template expects it ('developer' is the newer name of 'system')."
+    def as_dict(self, parts: bool = False) -> dict:
+        """The message as a chat template expects it ('developer' is the newer name of 'system');
+        `parts`: a list of content parts stays a list (chapter 12b's content formats)."""
         role = "system" if self.role == "developer" else self.role
-        message = {"role": role, "content": self.text()}
+        text = self.text()  # checks every part
+        listed = parts and isinstance(self.content, list)
+        message = {"role": role, "content": [dict(p) for p in self.content] if listed else text}
         for key in ("tool_calls", "tool_call_id", "name"):  # earlier tool calls and their results
             if (self.model_extra or {}).get(key) is not None:
                 message[key] = self.model_extra[key]
@@ -322,8 +328,27 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+def _messages_shape(messages) -> str:
+    "Does `messages` hold one conversation, or (vLLM's batched chat) a list of conversations?"
+    batched = isinstance(messages, list) and bool(messages) and isinstance(messages[0], list)
+    return "conversations" if batched else "conversation"
+
+
+Conversation = Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)]
+Conversations = Annotated[
+    list[Annotated[Conversation, Field(min_length=1)]], Field(max_length=MAX_MESSAGES)
+]
+Messages = Annotated[
+    Union[
+        Annotated[Conversation, Tag("conversation")], Annotated[Conversations, Tag("conversations")]
+    ],
+    Discriminator(_messages_shape),
+]
+
+
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: Messages  # one conversation, or a batch of them: one choice (or n) for each
+    prompt_token_ids: list[int] | None = None  # chapter 12b: the conversation, rendered already
     max_completion_tokens: int | None = None
     logprobs: bool = False  # chapter 12b: logprobs of each token
     top_logprobs: int | None = None  # and of the N most likely there
@@ -343,6 +368,30 @@ class ChatCompletionRequest(SamplingFields):
         from minillm.server.openai_fields import tool_mode
 
         return tool_mode(self, auto_tools)
+
+    def conversations(self, limits: ServerLimits) -> list[list[ChatMessage]]:
+        """The conversations to answer, checked: one, or vLLM's batch; none when the prompt comes
+        as token ids (chapter 12b)."""
+        if self.prompt_token_ids is not None:
+            from minillm.server.openai_fields import check_token_in
+
+            check_token_in(self)
+            return []
+        _limit(bool(self.messages), "messages must not be empty", "messages")
+        if _messages_shape(self.messages) == "conversation":
+            return [self.messages]
+        count = len(self.messages)
+        _limit(
+            count <= limits.max_prompts, f"at most {limits.max_prompts} conversations", "messages"
+        )
+        _limit(
+            count * self.n <= limits.max_choices, f"conversations x n: {limits.max_choices}", "n"
+        )
+        _limit(
+            not self.stream, "a batch of conversations is not streamed; send stream false", "stream"
+        )
+        _limit(not self.echo, "echo repeats one conversation's last message, not a batch's", "echo")
+        return self.messages
 
 
 class TokenizeRequest(BaseModel):

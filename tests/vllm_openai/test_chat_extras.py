@@ -203,7 +203,6 @@ def test_chat_stop_token_ids_negative(client, model_name):
 # ---------------------------------------------------------------- logprob_token_ids
 
 
-@pytest.mark.xfail(reason="gap: logprob_token_ids is refused by name")
 def test_logprob_token_ids_returns_requested_ids(client, model_name):
     "vLLM: chat_completion/test_logprob_token_ids.py::test_logprob_token_ids_returns_requested_ids"
     # vLLM: --max-logprobs -1 (no limit); minillm has no such flag, and 3 is under its limit
@@ -326,8 +325,8 @@ def test_chat_completion_request_cache_salt_still_validated_on_dict(server, mode
 @pytest.mark.parametrize("path", list(BODIES))
 def test_key_absent_when_fingerprint_is_none(server, model_name, path):
     "vLLM: chat_completion/test_system_fingerprint_none.py::TestChatCompletionFingerprintNone::test_key_absent_when_fingerprint_is_none"  # noqa: E501
-    # vLLM's test dumps its response models with --fingerprint-mode none; minillm has no
-    # fingerprint and no such flag: the response must not carry a null one
+    # vLLM's test dumps its response models with --fingerprint-mode none; minillm has no such
+    # flag and always sends its fingerprint: the response must not carry a null one
     r = post(server, path, {"model": model_name, **BODIES[path], "max_tokens": 2})
     data = r.json()
     assert r.status_code == 200, r.text
@@ -393,7 +392,6 @@ def test_explicit_none_tool_choice_is_untouched(client, model_name):
 # ---------------------------------------------------------------- test_batched_chat_completions.py
 
 
-@pytest.mark.xfail(reason="gap: no /v1/chat/completions/batch")
 def test_batched_chat_completions(server, model_name):
     "vLLM: chat_completion/test_batched_chat_completions.py::test_batched_chat_completions"
     conversations = [
@@ -408,7 +406,6 @@ def test_batched_chat_completions(server, model_name):
     assert all(c["message"]["content"] for c in choices)
 
 
-@pytest.mark.xfail(reason="gap: no /v1/chat/completions/batch")
 def test_batched_chat_completions_with_json_schema(server, model_name):
     "vLLM: chat_completion/test_batched_chat_completions.py::test_batched_chat_completions_with_json_schema"  # noqa: E501
     schema = {
@@ -690,9 +687,6 @@ def test_inconsistent_tool_choice_and_tools(client, model_name):
             chat(client, model_name, messages, max_completion_tokens=1000, **case)
 
 
-@pytest.mark.xfail(
-    reason="gap: a cut 'required' answer is returned as its text, not as content '' and no calls"
-)
 def test_max_tokens_with_tool_choice_required(client):
     "vLLM: chat_completion/test_completion_with_function_calling.py::test_max_tokens_with_tool_choice_required"  # noqa: E501
     name = client.models.list().data[0].id
@@ -753,7 +747,6 @@ def test_cache_accounting_streaming(client, model_name):
 # such flag, and the real weights serve as well.
 
 
-@pytest.mark.xfail(reason="gap: no token-in chat (prompt_token_ids with empty messages)")
 def test_chat_token_in_matches_messages(server, client, model_name):
     "vLLM: chat_completion/test_token_in_token_out.py::test_chat_token_in_matches_messages"
     messages = user("Hello, how are you today?")
@@ -778,7 +771,7 @@ def test_chat_token_in_rejects_template_option(server, client, model_name):
     "vLLM: chat_completion/test_token_in_token_out.py::test_chat_token_in_rejects_template_option"
     messages = user("Hello, how are you today?")
     ids = post(server, "tokenize", {"model": model_name, "messages": messages}).json()["tokens"]
-    # minillm refuses it as well, but because it takes no prompt_token_ids and no empty messages
+    # template options have nothing to render: prompt_token_ids are the rendered conversation
     with pytest.raises(openai.BadRequestError):
         chat(
             client,
@@ -790,8 +783,8 @@ def test_chat_token_in_rejects_template_option(server, client, model_name):
 
 
 # ---------------------------------------------------------------- test_root_path.py
-# vLLM: --root-path /llm and VLLM_API_KEY; minillm has --api-key but no --root-path. These run on a
-# server of their own (the module's `server` fixture reads /v1/models without a key).
+# vLLM: --root-path /llm and VLLM_API_KEY (minillm's --api-key). These run on a server of their
+# own (the module's `server` fixture reads /v1/models without a key).
 
 API_KEY, WRONG_KEY, ROOT_PATH = "abc-123", "abc", "llm"
 
@@ -799,11 +792,11 @@ API_KEY, WRONG_KEY, ROOT_PATH = "abc-123", "abc", "llm"
 @pytest.fixture(scope="module")
 def keyed_server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm-root-path") / "server.log"
-    with minillm_serve(model_dir, log, "--api-key", API_KEY) as (base, _):
+    args = ("--api-key", API_KEY, "--root-path", f"/{ROOT_PATH}")
+    with minillm_serve(model_dir, log, *args) as (base, _):
         yield base
 
 
-@pytest.mark.xfail(reason="gap: no --root-path")
 @pytest.mark.parametrize(
     "prefix,key,error",
     [
@@ -848,8 +841,8 @@ def test_chat_session_root_path_with_api_key(keyed_server, prefix, key, error):
 # vLLM runs TranslateGemma with --chat-template-content-format openai: its template reads
 # source_lang_code and target_lang_code off each content part and writes a translation prompt,
 # and the test checks the answer is Spanish. Here a --chat-template of the same kind reads the two
-# fields, and the test checks that they reached the prompt (vLLM's return_token_ids gives it back).
-# minillm has no --chat-template-content-format.
+# fields, and the test checks that they reached the prompt (vLLM's return_token_ids gives it back):
+# the content format is "auto", which finds the template's loop over a message's content.
 
 PARTS_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -860,9 +853,6 @@ PARTS_TEMPLATE = (
 )
 
 
-@pytest.mark.xfail(
-    reason="gap: content parts are joined before templating (no --chat-template-content-format)"
-)
 @pytest.mark.parametrize(
     "server_args", [["--chat-template", PARTS_TEMPLATE]], indirect=True, ids=["parts-template"]
 )

@@ -141,7 +141,6 @@ def test_chat_with_input_type(client):
     assert r.status == "completed"
 
 
-@pytest.mark.xfail(reason="gap: include (logprobs) is refused by name on /v1/responses")
 def test_logprobs(client):
     "vLLM: entrypoints/openai/responses/test_basic.py::test_logprobs"
     r = create(
@@ -172,14 +171,12 @@ def reasoning_item(**extra) -> dict:
     return {"type": "reasoning", "summary": [], "encrypted_content": None, **extra}
 
 
-@pytest.mark.xfail(reason="gap: reasoning settings are refused by name")
 def test_basic(client, model_name):
     "vLLM: entrypoints/openai/responses/test_simple.py::test_basic"
     r = create(client, model=model_name, input="What is 123 * 456?", reasoning={"effort": "none"})
     assert r.status == "completed" and r.incomplete_details is None
 
 
-@pytest.mark.xfail(reason="gap: no enable_response_messages")
 def test_enable_response_messages(client, model_name):
     "vLLM: entrypoints/openai/responses/test_simple.py::test_enable_response_messages"
     r = create(
@@ -194,7 +191,6 @@ def test_enable_response_messages(client, model_name):
     assert isinstance(first_out["tokens"][0], int)
 
 
-@pytest.mark.xfail(reason="gap: replayed reasoning items are refused")
 def test_input_history_openai_shape_e2e(client, model_name):
     "vLLM: entrypoints/openai/responses/test_simple.py::test_input_history_openai_shape_e2e"
     r = create(
@@ -211,7 +207,6 @@ def test_input_history_openai_shape_e2e(client, model_name):
     assert r.status == "completed" and r.output_text is not None
 
 
-@pytest.mark.xfail(reason="gap: replayed reasoning items are refused")
 def test_input_history_openresponses_shape_e2e(client, model_name):
     "vLLM: entrypoints/openai/responses/test_simple.py::test_input_history_openresponses_shape_e2e"  # noqa: E501
     r = create(
@@ -228,7 +223,6 @@ def test_input_history_openresponses_shape_e2e(client, model_name):
     assert r.status == "completed" and r.output_text is not None
 
 
-@pytest.mark.xfail(reason="gap: replayed reasoning items are refused")
 def test_multiturn_history_replay_without_ids_e2e(client, model_name):
     "vLLM: entrypoints/openai/responses/test_simple.py::test_multiturn_history_replay_without_ids_e2e"  # noqa: E501
     first_prompt = "Remember this marker for the next turn: MARKER-729."
@@ -262,7 +256,6 @@ def test_streaming_output_consistency(client, model_name):
     assert streamed == done.response.output_text
 
 
-@pytest.mark.xfail(reason="gap: include (logprobs) is refused by name on /v1/responses")
 def test_streaming_logprobs(client, model_name):
     "vLLM: entrypoints/openai/responses/test_simple.py::test_streaming_logprobs"
     events = list(
@@ -302,7 +295,6 @@ def test_max_tokens(client, model_name):
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
 
 
-@pytest.mark.xfail(reason="gap: top_k, repetition_penalty and seed are not taken on /v1/responses")
 def test_extra_sampling_params(client, model_name):
     "vLLM: entrypoints/openai/responses/test_simple.py::test_extra_sampling_params"
     r = create(
@@ -609,10 +601,9 @@ def test_structured_output_with_parse(client):
 
 
 # ---------------------------------------------------------------- responses/test_stateful.py
-# vLLM runs these with VLLM_ENABLE_RESPONSES_API_STORE=1, which has no minillm counterpart.
+# vLLM runs these with VLLM_ENABLE_RESPONSES_API_STORE=1; minillm stores responses by default.
 
 
-@pytest.mark.xfail(reason="gap: no stored responses (GET /v1/responses/{id})")
 def test_store(client):
     "vLLM: entrypoints/openai/responses/test_stateful.py::test_store"
     r = create(client, input="Hello!", max_output_tokens=16)
@@ -623,7 +614,6 @@ def test_store(client):
         client.responses.retrieve(r.id)
 
 
-@pytest.mark.xfail(reason="gap: no background responses (nothing is stored)")
 def test_background(client):
     "vLLM: entrypoints/openai/responses/test_stateful.py::test_background"
     import time
@@ -645,7 +635,6 @@ def test_background_error(client):
         create(client, input="What is 13 * 24?", background=True, store=False)
 
 
-@pytest.mark.xfail(reason="gap: no stored responses (POST /v1/responses/{id}/cancel)")
 def test_cancel_completed(client):
     "vLLM: entrypoints/openai/responses/test_stateful.py::test_cancel_completed"
     r = create(client, input="Hello", max_output_tokens=16)
@@ -653,7 +642,6 @@ def test_cancel_completed(client):
         client.responses.cancel(r.id)
 
 
-@pytest.mark.xfail(reason="gap: no stored responses")
 def test_previous_response_id(client):
     "vLLM: entrypoints/openai/responses/test_stateful.py::test_previous_response_id"
     first = create(
@@ -704,7 +692,6 @@ def test_streaming_usage_only_when_completed(client, model_name):
 # ---------------------------------------------------------------- responses/test_count_tokens.py
 
 
-@pytest.mark.xfail(reason="gap: no /v1/responses/input_tokens")
 def test_count_responses_input_tokens(server, client, model_name):
     "vLLM: entrypoints/openai/responses/test_count_tokens.py::test_count_responses_input_tokens"  # noqa: E501
     # vLLM's test calls count_tokens on a mock; the endpoint is POST /v1/responses/input_tokens
@@ -759,7 +746,6 @@ def test_responses_request_no_tools_tool_choice_none(server, model_name):
     assert respond(server, model_name, tool_choice="none").status_code == 200
 
 
-@pytest.mark.xfail(reason="gap: tool_choice auto without tools is a 400, vLLM settles on none")
 def test_responses_request_no_tools_tool_choice_auto(server, model_name):
     "vLLM: tool_use/test_responses_request_validations.py::test_responses_request_no_tools_tool_choice_auto"  # noqa: E501
     r = respond(server, model_name, tool_choice="auto")  # vLLM: settles on "none"
@@ -831,7 +817,6 @@ def test_responses_request_empty_tools_tool_choice_none(server, model_name):
     assert respond(server, model_name, tools=[], tool_choice="none").status_code == 200
 
 
-@pytest.mark.xfail(reason="gap: tool_choice auto without tools is a 400, vLLM settles on none")
 def test_responses_request_empty_tools_tool_choice_auto(server, model_name):
     "vLLM: tool_use/test_responses_request_validations.py::test_responses_request_empty_tools_tool_choice_auto"  # noqa: E501
     r = respond(server, model_name, tools=[], tool_choice="auto")  # vLLM: settles on "none"
@@ -853,7 +838,6 @@ def test_responses_request_empty_tools_named_tool_choice(server, model_name):
     refused(respond(server, model_name, tools=[], tool_choice=NAMED), "get_weather")
 
 
-@pytest.mark.xfail(reason="gap: parallel_tool_calls: null is a 400")
 @pytest.mark.parametrize("value,expected", [(True, True), (False, False), (None, True)])
 def test_responses_response_parallel_tool_calls_null_resolves_to_default(
     server, model_name, value, expected

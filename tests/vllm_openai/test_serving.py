@@ -24,7 +24,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # vLLM's tokenization and metrics servers: --max-model-len 8192 --max-num-seqs 128 (--dtype bfloat16
 # and --enforce-eager dropped: float32 is minillm's anchor, and there are no CUDA graphs on a CPU)
-SERVER_ARGS = ["--max-model-len", "8192", "--max-num-seqs", "128"]
+# vLLM's tokenization tests add --enable-tokenizer-info-endpoint
+SERVER_ARGS = [
+    "--max-model-len",
+    "8192",
+    "--max-num-seqs",
+    "128",
+    "--enable-tokenizer-info-endpoint",
+]
 # tests/tool_use/utils.py: ARGS + the hermes config. Its --chat-template
 # (examples/tool_chat_template_hermes.jinja) has no counterpart to pass: minillm writes the tools
 # into the prompt itself when the model's template does not render them (SmolLM2's does not).
@@ -57,7 +64,6 @@ def chat_body(model_name, **kw) -> dict:
 # ---------------------------------------------------------------- models
 
 
-@pytest.mark.xfail(reason="gap: model cards lack vLLM's root field")
 def test_check_models(client, model_name, model_dir):
     "vLLM: entrypoints/openai/models/test_models.py::test_check_models"
     served = client.models.list().data[0]  # vLLM's LoRA adapters after it: none here
@@ -65,7 +71,6 @@ def test_check_models(client, model_name, model_dir):
     assert getattr(served, "root", None) in (model_name, str(model_dir))
 
 
-@pytest.mark.xfail(reason="gap: model cards lack vLLM's root field")
 def test_retrieve_base_model(client, model_name, model_dir):
     "vLLM: entrypoints/openai/models/test_models.py::test_retrieve_base_model"
     model = client.models.retrieve(model_name)
@@ -195,16 +200,13 @@ def test_detokenize(server, model_name, tokenizer):
     assert r.json() == {"prompt": prompt}
 
 
-@pytest.mark.xfail(reason="gap: no /tokenizer_info")
 def test_tokenizer_info_basic(server):
     "vLLM: entrypoints/serve/tokenize/test_tokenization.py::test_tokenizer_info_basic"
-    # vLLM serves /tokenizer_info with --enable-tokenizer-info-endpoint, which minillm lacks
     r = httpx.get(server.url_for("tokenizer_info"), timeout=30)
     r.raise_for_status()
     assert isinstance(r.json().get("tokenizer_class"), str) and r.json()["tokenizer_class"]
 
 
-@pytest.mark.xfail(reason="gap: no /tokenizer_info")
 def test_tokenizer_info_consistency_with_tokenize(server, model_name):
     "vLLM: entrypoints/serve/tokenize/test_tokenization.py::test_tokenizer_info_consistency_with_tokenize"  # noqa: E501
     info = httpx.get(server.url_for("tokenizer_info"), timeout=30)
@@ -286,7 +288,6 @@ def wait_until(predicate, timeout: float = 120, interval: float = 0.2):
     return False
 
 
-@pytest.mark.xfail(reason="gap: vLLM's per-phase request histograms are not exported")
 def test_metrics_counts(server, client, model_name, tokenizer):
     "vLLM: entrypoints/serve/instrumentator/test_metrics.py::test_metrics_counts"
     # the server is shared with the other tests of this module: counts are compared as increments
@@ -331,9 +332,6 @@ def test_metrics_counts(server, client, model_name, tokenizer):
     assert not missing and not wrong, f"missing: {missing}; (got, expected): {wrong}"
 
 
-@pytest.mark.xfail(
-    reason="gap: vLLM's per-phase request histograms and cache_config_info are not exported"
-)
 def test_metrics_exist(server, client, model_name):
     "vLLM: entrypoints/serve/instrumentator/test_metrics.py::test_metrics_exist"
     client.completions.create(
@@ -492,7 +490,6 @@ def test_completion_stream_options_and_logprobs_with_long_prompts(client, model_
             assert chunk.usage.completion_tokens == received
 
 
-@pytest.mark.xfail(reason="gap: continuous usage on the role chunk")
 @chunked_server
 def test_chat_completion_stream_options_and_logprobs_with_long_prompts(client, model_name):
     "vLLM: entrypoints/openai/test_chunked_prompt.py::test_chat_completion_stream_options_and_logprobs_with_long_prompts"  # noqa: E501
@@ -569,7 +566,6 @@ def test_not_v1_api_token(key_server):
 # ---------------------------------------------------------------- load-report headers (ORCA)
 
 
-@pytest.mark.xfail(reason="gap: no endpoint-load-metrics (ORCA) header")
 def test_chat_completion_with_orca_header(server, model_name):
     "vLLM: entrypoints/serve/instrumentator/test_orca_metrics.py::test_chat_completion_with_orca_header"  # noqa: E501
     messages = [
@@ -586,7 +582,6 @@ def test_chat_completion_with_orca_header(server, model_name):
     assert "endpoint-load-metrics" in raw.http_response.headers
 
 
-@pytest.mark.xfail(reason="gap: no endpoint-load-metrics (ORCA) header")
 def test_completion_with_orca_header(client, model_name):
     "vLLM: entrypoints/serve/instrumentator/test_orca_metrics.py::test_completion_with_orca_header"
     raw = client.with_raw_response.completions.create(
@@ -683,7 +678,6 @@ SAMPLE_TOOL = {
 }
 
 
-@pytest.mark.xfail(reason="gap: tools: [] is answered, where vLLM refuses an empty array")
 def test_chat_completion_request_with_no_tools(server, model_name):
     "vLLM: tool_use/test_chat_completion_request_validations.py::test_chat_completion_request_with_no_tools"  # noqa: E501
     assert (
