@@ -632,6 +632,11 @@ def processing_params(body) -> dict:
             _refuse(message, "return_top_k_logprobs")
         if body.return_top_k_logprobs and body.echo:
             _refuse("return_top_k_logprobs packs sampled tokens only; send echo: false", "echo")
+    if body.logprob_token_ids == []:
+        _refuse(
+            "logprob_token_ids must not be empty; leave it out for the top logprobs",
+            "logprob_token_ids",
+        )
     prompt_logprobs = body.prompt_logprobs
     if not chat and body.echo and logprobs is not None:  # the echoed prompt carries logprobs too
         prompt_logprobs = max(logprobs, prompt_logprobs or 0)

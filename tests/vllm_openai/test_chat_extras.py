@@ -244,12 +244,12 @@ def test_logprob_token_ids_default_behavior_unchanged(client, model_name):
 
 
 # vLLM's test_logprob_token_ids_validation.py validates its request models directly; here the same
-# bodies go to the two endpoints (its third model, BatchChatCompletionRequest, belongs to the
-# batched endpoint minillm does not have: see test_batched_chat_completions)
+# bodies go to the three endpoints (its third model, BatchChatCompletionRequest, is the batch's)
 BODIES = {
     "v1/chat/completions": {"messages": user("hi")},
     "v1/completions": {"prompt": "hi"},
 }
+TOKEN_ID_BODIES = BODIES | {"v1/chat/completions/batch": {"messages": [user("hi"), user("ho")]}}
 
 
 def logprobs_field(path: str, logprobs: bool) -> int | bool:
@@ -264,30 +264,33 @@ def assert_refused(r: httpx.Response, param: str):
 
 @pytest.mark.quick
 @pytest.mark.parametrize("logprobs", [None, False, True])
-@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize("path", list(TOKEN_ID_BODIES))
 def test_rejects_empty_token_ids(server, path, logprobs):
     "vLLM: chat_completion/test_logprob_token_ids_validation.py::test_rejects_empty_token_ids"
-    body = {**BODIES[path], "logprob_token_ids": []}
+    body = {**TOKEN_ID_BODIES[path], "logprob_token_ids": []}
     if logprobs is not None:
         body["logprobs"] = logprobs_field(path, logprobs)
     assert_refused(post(server, path, body), "logprob_token_ids")
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize("path", list(TOKEN_ID_BODIES))
 def test_rejects_token_ids_without_logprobs(server, path):
     "vLLM: chat_completion/test_logprob_token_ids_validation.py::test_rejects_token_ids_without_logprobs"  # noqa: E501
     assert_refused(
-        post(server, path, {**BODIES[path], "logprob_token_ids": [100]}), "logprob_token_ids"
+        post(server, path, {**TOKEN_ID_BODIES[path], "logprob_token_ids": [100]}),
+        "logprob_token_ids",
     )
 
 
 @pytest.mark.quick
 @pytest.mark.parametrize("value", [123, "123"])
-@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize("path", list(TOKEN_ID_BODIES))
 def test_defers_non_list_to_pydantic(server, path, value):
     "vLLM: chat_completion/test_logprob_token_ids_validation.py::test_defers_non_list_to_pydantic"
-    assert post(server, path, {**BODIES[path], "logprob_token_ids": value}).status_code == 400
+    assert (
+        post(server, path, {**TOKEN_ID_BODIES[path], "logprob_token_ids": value}).status_code == 400
+    )
 
 
 # ---------------------------------------------------------------- non-object bodies
