@@ -1434,6 +1434,49 @@ d = {
                 "minillm/engine/structured_output.py",
             ),
         },
+        "minillm.kernels.aot": {
+            "minillm.kernels.aot.KernelConfig": (
+                "triton_kernel.html#kernelconfig",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.KernelConfig.label": (
+                "triton_kernel.html#kernelconfig.label",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.Resources": (
+                "triton_kernel.html#resources",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.Target": ("triton_kernel.html#target", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot._cell": ("triton_kernel.html#_cell", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot._compile_all": (
+                "triton_kernel.html#_compile_all",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot._signature": (
+                "triton_kernel.html#_signature",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot._tool": ("triton_kernel.html#_tool", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot.compile_config": (
+                "triton_kernel.html#compile_config",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.compile_report": (
+                "triton_kernel.html#compile_report",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.engine_configs": (
+                "triton_kernel.html#engine_configs",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.main": ("triton_kernel.html#main", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot.occupancy": (
+                "triton_kernel.html#occupancy",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.table": ("triton_kernel.html#table", "minillm/kernels/aot.py"),
+        },
         "minillm.kernels.cpu_attention": {
             "minillm.kernels.cpu_attention.CPUPlan": (
                 "cpu_attention.html#cpuplan",
@@ -1557,6 +1600,10 @@ d = {
             ),
             "minillm.kernels.triton_attention.plan_triton_attention": (
                 "triton_kernel.html#plan_triton_attention",
+                "minillm/kernels/triton_attention.py",
+            ),
+            "minillm.kernels.triton_attention.prefill_block": (
+                "triton_kernel.html#prefill_block",
                 "minillm/kernels/triton_attention.py",
             ),
             "minillm.kernels.triton_attention.prefill_tiles": (

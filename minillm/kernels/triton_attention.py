@@ -7,14 +7,16 @@ Docs: https://minillm.github.io/minillm/triton_kernel.html.md"""
 # %% auto #0
 __all__ = [
     "DECODE_BLOCK_N",
-    "PREFILL_BLOCK_M",
-    "PREFILL_BLOCK_N",
+    "MAX_NUM_SPLITS",
+    "NUM_SPLIT_CHOICES",
+    "PREFILL_BLOCK",
     "TRITON_ATTENTION",
     "check_head_dim",
     "store_kv",
     "paged_decode_attention",
     "decode_partials",
     "choose_num_splits",
+    "prefill_block",
     "prefill_tiles",
     "paged_prefill_attention",
     "TritonPlan",
@@ -357,16 +359,20 @@ def decode_partials(num_seqs: int, num_heads: int, head_dim: int, num_splits: in
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #8c3547f1
+MAX_NUM_SPLITS = 16
+NUM_SPLIT_CHOICES = tuple(1 << i for i in range(MAX_NUM_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
+
+
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
     """Split-K factor for a decode batch: a power of two that fills `num_sms` twice, within the key
     tiles."""
     programs, tiles = num_seqs * num_kv_heads, cdiv(max_context, DECODE_BLOCK_N)
-    want = min(16, tiles, cdiv(2 * num_sms, programs))
+    want = min(MAX_NUM_SPLITS, tiles, cdiv(2 * num_sms, programs))
     return 1 if want <= 1 else 1 << (want.bit_length() - 1)
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #1dc8062c
-PREFILL_BLOCK_M, PREFILL_BLOCK_N = 64, 64
+PREFILL_BLOCK = 64  # the prefill tiles' largest edge, queries and keys alike
 
 
 @triton.jit
@@ -445,7 +451,16 @@ def _prefill_kernel(
     )
 
 
-def prefill_tiles(query_lens: list[int], seqs: list[int], block_m: int = PREFILL_BLOCK_M):
+def prefill_block(dtype: torch.dtype, head_dim: int) -> int:
+    """The prefill tiles' edge: 64, halved (down to 16) while a tile of keys is over 16 KiB, so that
+    float32 and head_dim 256 fit an A100's shared memory (chapter 8b's compile report)."""
+    block = PREFILL_BLOCK
+    while block > 16 and block * head_dim * dtype.itemsize > 16 * 1024:
+        block //= 2
+    return block
+
+
+def prefill_tiles(query_lens: list[int], seqs: list[int], block_m: int = PREFILL_BLOCK):
     "The (sequence, first row) of every query tile of the given sequences' chunks."
     tiles = [(s, start) for s in seqs for start in range(0, query_lens[s], block_m)]
     return [s for s, _ in tiles], [start for _, start in tiles]
@@ -459,9 +474,10 @@ def paged_prefill_attention(
     md: AttentionMetadata,
     tile_seq: torch.Tensor,
     tile_start: torch.Tensor,
+    block: int = PREFILL_BLOCK,
 ):
-    """Causal attention of the query tiles (see `prefill_tiles`) over their sequences' cached prefix
-    and new tokens."""
+    """Causal attention of the query tiles (see `prefill_tiles`, cut at `block` rows) over their
+    sequences' cached prefix and new tokens."""
     H, Hkv, D = _check_shapes(cache, q)
     _prefill_kernel[(len(tile_seq), H)](
         q,
@@ -483,8 +499,8 @@ def paged_prefill_attention(
         GROUP=H // Hkv,
         HEAD_DIM=D,
         BLOCK_SIZE=cache.block_size,
-        BLOCK_M=PREFILL_BLOCK_M,
-        BLOCK_N=PREFILL_BLOCK_N,
+        BLOCK_M=block,
+        BLOCK_N=block,
         UPCAST=_upcast(q),
         num_stages=_num_stages(q),
     )
@@ -500,9 +516,9 @@ class TritonPlan:
     tile_seq: torch.Tensor  # [tiles] the prefill tiles: sequence and first row
     tile_start: torch.Tensor
     num_splits: int = 1
-    partials: tuple | None = field(
-        default=None, repr=False
-    )  # split-K scratch, made by the first layer
+    prefill_block: int = PREFILL_BLOCK  # the prefill tiles' edge, queries and keys alike
+    # split-K scratch, made by the first layer
+    partials: tuple | None = field(default=None, repr=False)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -521,7 +537,8 @@ def plan_triton_attention(
     device = md.context_lens.device
     decodes = md.decode_seqs
     prefills = [s for s, n in enumerate(md.query_lens) if n > 1]
-    tile_seq, tile_start = prefill_tiles(md.query_lens, prefills)
+    block = prefill_block(cache.k.dtype, cache.k.shape[-1])
+    tile_seq, tile_start = prefill_tiles(md.query_lens, prefills, block)
     if num_splits is None:
         max_context = max((md.context_lens_list[s] for s in decodes), default=0)
         num_splits = (
@@ -533,9 +550,8 @@ def plan_triton_attention(
     def as_tensor(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
 
-    return TritonPlan(
-        md, as_tensor(decodes), as_tensor(tile_seq), as_tensor(tile_start), num_splits
-    )
+    tiles = as_tensor(tile_seq), as_tensor(tile_start)
+    return TritonPlan(md, as_tensor(decodes), *tiles, num_splits, block)
 
 
 def paged_attention_triton(
@@ -549,7 +565,8 @@ def paged_attention_triton(
             cache, layer, q, out, plan.metadata, plan.decode_seqs, plan.num_splits, plan.partials
         )
     if len(plan.tile_seq):
-        paged_prefill_attention(cache, layer, q, out, plan.metadata, plan.tile_seq, plan.tile_start)
+        tiles = plan.tile_seq, plan.tile_start, plan.prefill_block
+        paged_prefill_attention(cache, layer, q, out, plan.metadata, *tiles)
     return out
 
 
