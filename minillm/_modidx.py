@@ -1439,8 +1439,16 @@ d = {
                 "triton_kernel.html#kernelconfig",
                 "minillm/kernels/aot.py",
             ),
+            "minillm.kernels.aot.KernelConfig.fn": (
+                "triton_kernel.html#kernelconfig.fn",
+                "minillm/kernels/aot.py",
+            ),
             "minillm.kernels.aot.KernelConfig.label": (
                 "triton_kernel.html#kernelconfig.label",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.KernelConfig.of": (
+                "triton_kernel.html#kernelconfig.of",
                 "minillm/kernels/aot.py",
             ),
             "minillm.kernels.aot.Resources": (
@@ -1448,16 +1456,24 @@ d = {
                 "minillm/kernels/aot.py",
             ),
             "minillm.kernels.aot.Target": ("triton_kernel.html#target", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot.Target.of_device": (
+                "triton_kernel.html#target.of_device",
+                "minillm/kernels/aot.py",
+            ),
             "minillm.kernels.aot._cell": ("triton_kernel.html#_cell", "minillm/kernels/aot.py"),
             "minillm.kernels.aot._compile_all": (
                 "triton_kernel.html#_compile_all",
                 "minillm/kernels/aot.py",
             ),
-            "minillm.kernels.aot._signature": (
-                "triton_kernel.html#_signature",
+            "minillm.kernels.aot._tool": ("triton_kernel.html#_tool", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot.attention_configs": (
+                "triton_kernel.html#attention_configs",
                 "minillm/kernels/aot.py",
             ),
-            "minillm.kernels.aot._tool": ("triton_kernel.html#_tool", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot.check_attention_launches": (
+                "triton_kernel.html#check_attention_launches",
+                "minillm/kernels/aot.py",
+            ),
             "minillm.kernels.aot.compile_config": (
                 "triton_kernel.html#compile_config",
                 "minillm/kernels/aot.py",
@@ -1470,9 +1486,21 @@ d = {
                 "triton_kernel.html#engine_configs",
                 "minillm/kernels/aot.py",
             ),
+            "minillm.kernels.aot.launch_error": (
+                "triton_kernel.html#launch_error",
+                "minillm/kernels/aot.py",
+            ),
             "minillm.kernels.aot.main": ("triton_kernel.html#main", "minillm/kernels/aot.py"),
             "minillm.kernels.aot.occupancy": (
                 "triton_kernel.html#occupancy",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.quantized_configs": (
+                "triton_kernel.html#quantized_configs",
+                "minillm/kernels/aot.py",
+            ),
+            "minillm.kernels.aot.signature": (
+                "triton_kernel.html#signature",
                 "minillm/kernels/aot.py",
             ),
             "minillm.kernels.aot.table": ("triton_kernel.html#table", "minillm/kernels/aot.py"),
@@ -1554,10 +1582,6 @@ d = {
                 "triton_kernel.html#_num_sms",
                 "minillm/kernels/triton_attention.py",
             ),
-            "minillm.kernels.triton_attention._num_stages": (
-                "triton_kernel.html#_num_stages",
-                "minillm/kernels/triton_attention.py",
-            ),
             "minillm.kernels.triton_attention._online_softmax_update": (
                 "triton_kernel.html#_online_softmax_update",
                 "minillm/kernels/triton_attention.py",
@@ -1570,10 +1594,6 @@ d = {
                 "triton_kernel.html#_store_kv_kernel",
                 "minillm/kernels/triton_attention.py",
             ),
-            "minillm.kernels.triton_attention._upcast": (
-                "triton_kernel.html#_upcast",
-                "minillm/kernels/triton_attention.py",
-            ),
             "minillm.kernels.triton_attention.check_head_dim": (
                 "triton_kernel.html#check_head_dim",
                 "minillm/kernels/triton_attention.py",
@@ -1582,8 +1602,16 @@ d = {
                 "triton_kernel.html#choose_num_splits",
                 "minillm/kernels/triton_attention.py",
             ),
+            "minillm.kernels.triton_attention.decode_constants": (
+                "triton_kernel.html#decode_constants",
+                "minillm/kernels/triton_attention.py",
+            ),
             "minillm.kernels.triton_attention.decode_partials": (
                 "triton_kernel.html#decode_partials",
+                "minillm/kernels/triton_attention.py",
+            ),
+            "minillm.kernels.triton_attention.interpreted_bf16": (
+                "triton_kernel.html#interpreted_bf16",
                 "minillm/kernels/triton_attention.py",
             ),
             "minillm.kernels.triton_attention.paged_attention_triton": (
@@ -1602,16 +1630,24 @@ d = {
                 "triton_kernel.html#plan_triton_attention",
                 "minillm/kernels/triton_attention.py",
             ),
-            "minillm.kernels.triton_attention.prefill_block": (
-                "triton_kernel.html#prefill_block",
+            "minillm.kernels.triton_attention.prefill_constants": (
+                "triton_kernel.html#prefill_constants",
                 "minillm/kernels/triton_attention.py",
             ),
             "minillm.kernels.triton_attention.prefill_tiles": (
                 "triton_kernel.html#prefill_tiles",
                 "minillm/kernels/triton_attention.py",
             ),
+            "minillm.kernels.triton_attention.store_constants": (
+                "triton_kernel.html#store_constants",
+                "minillm/kernels/triton_attention.py",
+            ),
             "minillm.kernels.triton_attention.store_kv": (
                 "triton_kernel.html#store_kv",
+                "minillm/kernels/triton_attention.py",
+            ),
+            "minillm.kernels.triton_attention.tiles": (
+                "triton_kernel.html#tiles",
                 "minillm/kernels/triton_attention.py",
             ),
         },
@@ -2105,6 +2141,10 @@ d = {
             ),
         },
         "minillm.quantization.triton_linear": {
+            "minillm.quantization.triton_linear._dot": (
+                "quantization.html#_dot",
+                "minillm/quantization/triton_linear.py",
+            ),
             "minillm.quantization.triton_linear._int4_matmul_kernel": (
                 "quantization.html#_int4_matmul_kernel",
                 "minillm/quantization/triton_linear.py",
@@ -2123,6 +2163,10 @@ d = {
             ),
             "minillm.quantization.triton_linear.int8_matmul": (
                 "quantization.html#int8_matmul",
+                "minillm/quantization/triton_linear.py",
+            ),
+            "minillm.quantization.triton_linear.matmul_constants": (
+                "quantization.html#matmul_constants",
                 "minillm/quantization/triton_linear.py",
             ),
         },

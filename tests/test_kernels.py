@@ -47,6 +47,7 @@ def compare(cases, H, Hkv, D, block_size, dtype=torch.float32, num_splits=None):
 
 
 SHAPES = [(D, group, bs) for D in (64, 128) for group in (1, 3, 4, 8) for bs in (16, 32)]
+SHAPES += [(256, 4, 16)]  # Gemma 3's head_dim: the smallest tiles of the table
 
 
 @pytest.mark.parametrize("D,group,block_size", SHAPES)
@@ -74,6 +75,7 @@ def test_mixed_batch_decodes_and_chunks():
 def test_half_precision(dtype):
     compare([(0, 40), (17, 1), (100, 1), (33, 12)], 8, 2, 64, 16, dtype=dtype)
     compare([(n - 1, 1) for n in (1, 16, 17, 300)], 4, 1, 128, 32, dtype=dtype, num_splits=2)
+    compare([(0, 40), (33, 1), (20, 9)], 4, 2, 256, 16, dtype=dtype)
 
 
 def test_store_kv_skips_negative_slots_and_accepts_qkv_slices():
@@ -141,6 +143,8 @@ def test_backend_choice(monkeypatch):
     )  # CPU tensors: only in the interpreter
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         resolve_attention_backend("triton", cpu, 80)
+    with pytest.raises(ValueError, match="from 16 to 256"):  # past the compile report's tiles
+        resolve_attention_backend("triton", cpu, 512)
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="needs the triton package, a CUDA device"):
         resolve_attention_backend("triton", cpu, 64)

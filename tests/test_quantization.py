@@ -121,7 +121,8 @@ def test_bad_quantization_settings_are_refused(model_dir):
     for kw, words in [
         (dict(quantization="int3"), "quantization must be one of"),
         (dict(quantization="gguf", model=str(model_dir)), ".gguf"),
-        (dict(quantization="int8", device="cuda"), "CPU only"),
+        (dict(quantization="gguf", model="m.gguf", device="cuda"), "on CUDA quantize"),
+        (dict(quantization="int8", device="mps"), "'cpu' or 'cuda'"),
         (dict(quantization="int8", tensor_parallel_size=2), "tensor parallelism"),
     ]:
         with pytest.raises(ValueError, match=words):
@@ -271,3 +272,23 @@ def test_triton_kernels_equal_the_layers_reference(rows):
         torch.testing.assert_close(ours, x @ int4.dequantize().T, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="divisible by 32"):
         int8_matmul(torch.randn(2, 40), torch.zeros(8, 40, dtype=torch.int8), torch.ones(8))
+
+
+@pytest.mark.parametrize("rows", [1, 33])
+def test_triton_kernels_in_bfloat16(rows):
+    # the tensor-core path: the dequantized tile in bfloat16, float32 sums, the output rounded once
+    from minillm.quantization.triton_linear import int4_matmul, int8_matmul
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 128, generator=g).bfloat16()
+    w = torch.randn(150, 128, generator=g) * 0.1
+    int8 = Int8Linear(*quantize_int8(w))
+    ours = int8_matmul(x, int8.qweight, int8.scales)
+    assert ours.dtype == torch.bfloat16
+    ref = x.float() @ int8.dequantize().T
+    torch.testing.assert_close(ours.float(), ref, rtol=1e-2, atol=1e-2)
+    q, scale, lo = quantize_int4(w, 64)
+    int4 = Int4Linear(q, scale, lo + 8 * scale, 64, cpu_layout=False)
+    ours = int4_matmul(x, int4.qweight, int4.scales_zeros, 64)
+    ref = x.float() @ int4.dequantize().bfloat16().float().T
+    torch.testing.assert_close(ours.float(), ref, rtol=1e-2, atol=1e-2)

@@ -46,8 +46,9 @@ QUANTIZED_KV_BACKENDS = ("cpu", "torch")  # the backends that read an int8/fp8 K
 
 def triton_usable(device: torch.device, head_dim: int) -> bool:
     """Triton kernels run on CUDA tensors (or CPU tensors under the interpreter), for power-of-two
-    head dims."""
-    if importlib.util.find_spec("triton") is None or head_dim < 16 or head_dim & (head_dim - 1):
+    head dims from 16 to 256 (chapter 8b)."""
+    power_of_two = head_dim & (head_dim - 1) == 0
+    if importlib.util.find_spec("triton") is None or not (power_of_two and 16 <= head_dim <= 256):
         return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -88,7 +89,7 @@ def resolve_attention_backend(
         raise ValueError(
             f"attention_backend 'triton' needs the triton package, a CUDA device (the model is on "
             f"{device.type}; TRITON_INTERPRET=1 runs the kernels slowly on CPU, for tests) and a "
-            f"power-of-two head_dim >= 16 (this model's is {head_dim}); use 'torch'"
+            f"power-of-two head_dim from 16 to 256 (this model's is {head_dim}); use 'torch'"
         )
     if name == "cpu" and not cpu_usable(device):
         raise ValueError(
@@ -252,6 +253,13 @@ class ModelRunner:
             attention_backend, self.device, model.config.head_dim, kv_cache_dtype
         )
         self.backend = load_attention_backend(self.attention_backend)
+        if self.attention_backend == "triton" and self.device.type == "cuda":
+            # chapter 8b: refuse, before the pool is allocated, a kernel this GPU cannot launch
+            from minillm.kernels.aot import Target, check_attention_launches
+
+            cfg, target = model.config, Target.of_device(self.device)
+            heads = cfg.num_heads, cfg.num_kv_heads
+            check_attention_launches(self.dtype, heads, cfg.head_dim, block_size, target)
         self.cache = make_kv_cache(
             model.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
         )

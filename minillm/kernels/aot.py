@@ -7,19 +7,25 @@ __all__ = [
     "KIB",
     "TARGETS",
     "DTYPES",
+    "OPTIONS",
+    "SHOWN",
     "HEAD_DIMS",
-    "GROUP",
-    "NUM_KV_HEADS",
-    "NUM_HEADS",
-    "FP32_POINTERS",
+    "HEADS",
+    "BLOCK_SIZE",
+    "ATTENTION_TYPES",
     "INDEX_POINTERS",
     "USAGE",
     "Target",
     "KernelConfig",
+    "attention_configs",
+    "quantized_configs",
     "engine_configs",
+    "signature",
     "Resources",
     "occupancy",
     "compile_config",
+    "launch_error",
+    "check_attention_launches",
     "compile_report",
     "table",
     "main",
@@ -27,6 +33,8 @@ __all__ = [
 
 # %% ../../nbs/08b_triton_kernel.ipynb #1f0b692e
 import functools
+import importlib
+import inspect
 import os
 import re
 import subprocess
@@ -37,17 +45,20 @@ from dataclasses import asdict, dataclass
 
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ..engine.llm_engine import EngineConfig
+from ..quantization import triton_linear as qt
 from . import triton_attention as ta
+
+KIB = 1024
 
 
 @dataclass(frozen=True)
 class Target:
     """A GPU architecture's per-SM limits, from NVIDIA's CUDA C++ Programming Guide (its table of
-    technical specifications per compute capability)."""
+    technical specifications per compute capability), or read from a device."""
 
     name: str
     capability: int
@@ -58,8 +69,16 @@ class Target:
     max_warps_per_sm: int = 64
     max_blocks_per_sm: int = 32
 
+    @classmethod
+    def of_device(cls, device) -> "Target":
+        "The limits of a CUDA device, as its driver reports them."
+        p = torch.cuda.get_device_properties(device)
+        capability = p.major * 10 + p.minor
+        smem = p.shared_memory_per_block_optin, p.shared_memory_per_multiprocessor
+        warps = p.max_threads_per_multi_processor // 32
+        return cls(f"sm_{capability}", capability, p.name, *smem, p.regs_per_multiprocessor, warps)
 
-KIB = 1024
+
 TARGETS = {
     t.name: t
     for t in (
@@ -69,92 +88,110 @@ TARGETS = {
     )
 }
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-HEAD_DIMS = (64, 128, 256)  # Llama and Qwen use 64 and 128; Gemma 3, 256
-# what the representative launch holds: a GQA group of 4 (any group up to 16 pads to the same
-# 16 rows), 8 KV heads (an address computation only), 32 query heads for the merge
-GROUP, NUM_KV_HEADS, NUM_HEADS = 4, 8, 32
-FP32_POINTERS = ("part_acc_ptr", "part_m_ptr", "part_l_ptr")  # split-K scratch
-INDEX_POINTERS = ("block_tables_ptr", "context_lens_ptr", "cu_seqlens_q_ptr", "seq_ids_ptr")
-INDEX_POINTERS += ("tile_seq_ptr", "tile_start_ptr")
+OPTIONS = ("num_warps", "num_stages")  # launch keywords that are not constexprs
+SHOWN = dict(HEAD_DIM="d", BLOCK_M="m", BLOCK_N="n", NUM_SPLITS="splits", WIDTH="width")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    "One launch the engine can make: a kernel, its activations' dtype, its constants and options."
+    "One launch: a JIT function, its activations' dtype, its constexprs, options and pointer types."
 
-    kernel: str  # the JIT function's name in minillm.kernels.triton_attention
+    kernel: str  # "module:function"
     dtype: torch.dtype
-    constants: tuple  # (name, value) pairs: the constexprs
-    num_warps: int = 4
-    num_stages: int = 3
+    constants: tuple  # (name, value) pairs
+    options: tuple  # (name, value) pairs: num_warps, num_stages
+    types: tuple = ()  # (argument, type) pairs where the default of `signature` is wrong
+
+    @classmethod
+    def of(cls, fn, dtype: torch.dtype, keywords: dict, **types) -> "KernelConfig":
+        """The launch `fn[grid](..., **keywords)` makes for activations of `dtype` (keywords that
+        are runtime arguments, not constexprs, are not part of it)."""
+        params = inspect.signature(fn.fn).parameters.values()  # fn.fn: the Python function
+        names = {p.name for p in params if p.annotation is tl.constexpr}
+        constants = tuple((k, v) for k, v in keywords.items() if k in names)
+        options = tuple((k, v) for k, v in keywords.items() if k in OPTIONS)
+        kernel = f"{fn.fn.__module__}:{fn.fn.__name__}"
+        return cls(kernel, dtype, constants, options, tuple(types.items()))
+
+    @property
+    def fn(self):
+        module, name = self.kernel.split(":")
+        return getattr(importlib.import_module(module), name)
 
     @property
     def label(self) -> str:
-        shown = {k: v for k, v in self.constants if k in ("HEAD_DIM", "NUM_SPLITS", "WIDTH")}
-        args = " ".join(f"{k.lower()}={v}" for k, v in shown.items())
-        return f"{self.kernel.strip('_')} {DTYPES[self.dtype]} {args} stages={self.num_stages}"
+        constants = dict(self.constants)
+        shown = " ".join(f"{short}={constants[k]}" for k, short in SHOWN.items() if k in constants)
+        warps = dict(self.options).get("num_warps", 4)
+        name = self.kernel.split(":_")[1].removesuffix("_kernel")
+        return f"{name} {DTYPES[self.dtype]} {shown} w={warps}"
+
+
+HEAD_DIMS = (64, 128, 256)  # Llama and Qwen use 64 and 128; Gemma 3, 256
+# the report's model: 32 query heads on 8 KV heads (a GQA group of 4: any group up to 16 pads to
+# the same 16 rows) and the engine's blocks of 16 tokens; both enter only address arithmetic
+HEADS, BLOCK_SIZE = (32, 8), 16
+ATTENTION_TYPES = dict(part_acc_ptr="*fp32", part_m_ptr="*fp32", part_l_ptr="*fp32")  # split-K
+INDEX_POINTERS = "block_tables", "context_lens", "cu_seqlens_q", "seq_ids", "tile_seq", "tile_start"
+ATTENTION_TYPES |= {f"{name}_ptr": "*i32" for name in INDEX_POINTERS}
+ATTENTION_TYPES["slot_mapping_ptr"] = "*i64"
+
+
+def attention_configs(dtype, head_dim, heads=HEADS, block_size=BLOCK_SIZE) -> list[KernelConfig]:
+    "Every launch the triton attention backend can make for a model of this dtype and shape."
+    num_heads, num_kv_heads = heads
+    store = ta.store_constants(num_kv_heads * head_dim)
+    configs = [KernelConfig.of(ta._store_kv_kernel, dtype, store, **ATTENTION_TYPES)]
+    for splits in ta.NUM_SPLIT_CHOICES:
+        decode = ta.decode_constants(dtype, heads, head_dim, block_size, splits)
+        decode["UPCAST"] = False
+        configs.append(KernelConfig.of(ta._decode_kernel, dtype, decode, **ATTENTION_TYPES))
+        if splits > 1:
+            merge = dict(NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=splits)
+            merge = KernelConfig.of(ta._merge_splits_kernel, dtype, merge, **ATTENTION_TYPES)
+            configs.append(merge)
+    prefill = ta.prefill_constants(dtype, heads, head_dim, block_size) | dict(UPCAST=False)
+    configs.append(KernelConfig.of(ta._prefill_kernel, dtype, prefill, **ATTENTION_TYPES))
+    return configs
+
+
+def quantized_configs(dtype: torch.dtype) -> list[KernelConfig]:
+    "Chapter 13's int8 and int4 matmuls, at both tile heights (a decode step's rows, and more)."
+    configs = []
+    for rows in (16, 32):
+        constants = qt.matmul_constants(rows, dtype)
+        int8 = dict(w_ptr="*i8", s_ptr="*fp32")
+        int4 = dict(w_ptr="*u8", sz_ptr="*fp32")
+        configs.append(KernelConfig.of(qt._int8_matmul_kernel, dtype, constants, **int8))
+        configs.append(KernelConfig.of(qt._int4_matmul_kernel, dtype, constants, **int4))
+    return configs
 
 
 def engine_configs() -> list[KernelConfig]:
-    """Every launch the triton attention backend makes, as its launchers would make it: each dtype,
-    head_dim and split count, with the tile sizes and pipeline depths of chapter 8b's code."""
-    block_size = EngineConfig().block_size
+    "Every Triton launch the engine can make: each dtype, head_dim, split count and tile height."
     configs = []
     for dtype in DTYPES:
-        stages = ta._num_stages(torch.empty(0, dtype=dtype))
-        for d in HEAD_DIMS:
-            width = NUM_KV_HEADS * d
-            store = dict(WIDTH=width, BLOCK=triton.next_power_of_2(width))
-            configs.append(KernelConfig("_store_kv_kernel", dtype, tuple(store.items())))
-            for splits in ta.NUM_SPLIT_CHOICES:
-                decode = dict(
-                    NUM_KV_HEADS=NUM_KV_HEADS,
-                    GROUP=GROUP,
-                    GROUP_PAD=max(16, triton.next_power_of_2(GROUP)),
-                    HEAD_DIM=d,
-                    BLOCK_SIZE=block_size,
-                    BLOCK_N=ta.DECODE_BLOCK_N,
-                    NUM_SPLITS=splits,
-                    UPCAST=False,
-                )
-                decode = KernelConfig("_decode_kernel", dtype, tuple(decode.items()), 4, stages)
-                configs.append(decode)
-                if splits > 1:
-                    merge = dict(NUM_HEADS=NUM_HEADS, HEAD_DIM=d, NUM_SPLITS=splits)
-                    merge = KernelConfig("_merge_splits_kernel", dtype, tuple(merge.items()))
-                    configs.append(merge)
-            prefill = dict(
-                NUM_KV_HEADS=NUM_KV_HEADS,
-                GROUP=GROUP,
-                HEAD_DIM=d,
-                BLOCK_SIZE=block_size,
-                BLOCK_M=ta.prefill_block(dtype, d),
-                BLOCK_N=ta.prefill_block(dtype, d),
-                UPCAST=False,
-            )
-            prefill = KernelConfig("_prefill_kernel", dtype, tuple(prefill.items()), 4, stages)
-            configs.append(prefill)
+        configs += [c for d in HEAD_DIMS for c in attention_configs(dtype, d)]
+        configs += quantized_configs(dtype)
     return configs
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #3bf1d209
-def _signature(kernel, dtype: torch.dtype, constants: dict) -> dict:
-    "The argument types of a launch: activations in `dtype`, scratch in fp32, indices in int32."
-    types = {}
-    for name in kernel.arg_names:
+def signature(cfg: KernelConfig) -> dict:
+    """The argument types of a launch: constexprs; the types `cfg` names; other pointers to the
+    activations' dtype; the softmax scale in float32; strides and lengths in int32."""
+    constants, types = dict(cfg.constants), dict(cfg.types)
+    out = {}
+    for name in cfg.fn.arg_names:
         if name in constants:
-            types[name] = "constexpr"
-        elif name in FP32_POINTERS:
-            types[name] = "*fp32"
-        elif name in INDEX_POINTERS:
-            types[name] = "*i32"
-        elif name == "slot_mapping_ptr":
-            types[name] = "*i64"
+            out[name] = "constexpr"
+        elif name in types:
+            out[name] = types[name]
         elif name.endswith("_ptr"):
-            types[name] = f"*{DTYPES[dtype]}"
-        else:  # strides and lengths, and the softmax scale
-            types[name] = "fp32" if name == "scale" else "i32"
-    return types
+            out[name] = f"*{DTYPES[cfg.dtype]}"
+        else:
+            out[name] = "fp32" if name == "scale" else "i32"
+    return out
 
 
 @dataclass
@@ -176,11 +213,11 @@ def occupancy(target: Target, registers: int, shared: int, warps: int) -> tuple[
     """Warps resident per SM: registers are allocated per warp in units of 256, shared memory per
     block (plus 1 KiB the system reserves), at most 32 blocks and 64 warps."""
     per_warp = -(-registers * 32 // 256) * 256
-    by = {
-        "registers": target.regs_per_sm // per_warp // warps * warps,
-        "shared memory": target.smem_per_sm // (shared + KIB) * warps if shared else 10**9,
+    by = {  # on a tie, the hardware's fixed limits are named first
         "warps": target.max_warps_per_sm // warps * warps,
         "blocks": target.max_blocks_per_sm * warps,
+        "registers": target.regs_per_sm // per_warp // warps * warps,
+        "shared memory": target.smem_per_sm // (shared + KIB) * warps if shared else 10**9,
     }
     limit = min(by, key=by.get)
     return by[limit], limit
@@ -197,11 +234,9 @@ USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
 def compile_config(cfg: KernelConfig, target: Target) -> Resources:
     "Compile one launch for `target` (no GPU needed) and read its resource use from the cubin."
-    kernel = getattr(ta, cfg.kernel)
-    constants = dict(cfg.constants)
-    source = ASTSource(kernel, _signature(kernel, cfg.dtype, constants), constants)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    row = dict(config=cfg.label, target=target.name, warps=cfg.num_warps)
+    source = ASTSource(cfg.fn, signature(cfg), dict(cfg.constants))
+    options = dict(cfg.options)
+    row = dict(config=cfg.label, target=target.name, warps=options.get("num_warps", 4))
     try:
         gpu = GPUTarget("cuda", target.capability, 32)
         compiled = triton.compile(source, target=gpu, options=options)
@@ -217,13 +252,28 @@ def compile_config(cfg: KernelConfig, target: Target) -> Resources:
         )
     registers, stack, static, local = map(int, USAGE.search(dump.stdout).groups())
     shared = compiled.metadata.shared + static
-    warps_per_sm, limit = occupancy(target, registers, shared, cfg.num_warps)
+    warps_per_sm, limit = occupancy(target, registers, shared, row["warps"])
     error = ""
     if shared > target.smem_per_block:
         error = f"needs {shared} B of shared memory, over {target.name}'s {target.smem_per_block} B"
     # registers that do not fit go to the stack frame, in local memory (as slow as HBM)
     row |= dict(registers=registers, spill_bytes=stack + local, shared=shared)
     return Resources(**row, warps_per_sm=warps_per_sm, limit=limit, error=error)
+
+
+def launch_error(r: Resources) -> str:
+    "The one message for a launch a target cannot run: the report's and the engine's."
+    return f"{r.config} cannot launch on {r.target}: {r.error}"
+
+
+def check_attention_launches(dtype, heads, head_dim: int, block_size: int, target: Target):
+    """The engine's config check for the triton backend (its model runner calls it on CUDA):
+    compile this model's launches for `target` (Triton caches them for the first batch) and
+    refuse one that cannot launch, with the compile report's message."""
+    for cfg in attention_configs(dtype, head_dim, heads, block_size):
+        r = compile_config(cfg, target)
+        if r.error:
+            raise ValueError(f"{launch_error(r)}; use attention_backend='torch'")
 
 
 def _compile_all(args) -> list[Resources]:
@@ -239,7 +289,8 @@ def compile_report(targets=tuple(TARGETS), configs=None, workers=None) -> list[R
     jobs = [(configs[i::workers], t) for t in targets for i in range(workers)]
     with ProcessPoolExecutor(workers) as pool:
         rows = [r for chunk in pool.map(_compile_all, jobs) for r in chunk]
-    return sorted(rows, key=lambda r: (r.config, list(TARGETS).index(r.target)))
+    order = {c.label: i for i, c in enumerate(configs)}
+    return sorted(rows, key=lambda r: (order[r.config], list(TARGETS).index(r.target)))
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #29e4ba7f
@@ -250,37 +301,36 @@ def _cell(r: Resources) -> str:
 
 
 def table(rows: list[Resources]) -> str:
-    "The report as text: one line per launch, the three targets side by side."
+    """The report as text: one line per launch (d: head_dim, m and n: tile edges, w: warps per
+    program), the three targets side by side: registers, spilled bytes, shared KiB, warps per SM."""
     by = {}
     for r in rows:
         by.setdefault(r.config, {})[r.target] = r
-    lines = [f"{'launch':52s}" + "".join(f"{t:>30s}" for t in TARGETS)]
+    width = max(map(len, by)) + 2
+    lines = [f"{'launch':{width}s}" + "".join(f"{t:>20s}" for t in TARGETS)]
     for config, targets in by.items():
-        cells = []
-        for t in TARGETS:
-            r = targets.get(t)
-            cells.append(f"{'-' if r is None else _cell(r):>30s}")
-        lines.append(f"{config:52s}" + "".join(cells))
+        cells = "".join(f"{_cell(targets[t]) if t in targets else '-':>20s}" for t in TARGETS)
+        lines.append(f"{config:{width}s}{cells}")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     """`python -m minillm.kernels.aot [OUT.json]`: compile every launch for every target, print the
-    table and the launches that spill, write the rows as JSON; exit 1 if any cannot launch."""
+    table, write the rows as JSON; exit 1 if one spills or cannot launch."""
     import json
 
     argv = sys.argv[1:] if argv is None else argv
     rows = compile_report()
     print(table(rows))
-    spills = [r for r in rows if r.spill_bytes]
-    print(f"{len(rows)} compiles; {len(spills)} spill registers (marked !)")
     if argv:
         with open(argv[0], "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=1)
+    spills = [r for r in rows if r.spill_bytes]
     failed = [r for r in rows if r.error]
+    print(f"{len(rows)} compiles; {len(spills)} spill (!); {len(failed)} cannot launch (X)")
     for r in failed:
-        print(f"cannot launch: {r.config} on {r.target}: {r.error}")
-    return 1 if failed else 0
+        print(launch_error(r))
+    return 1 if spills or failed else 0
 
 
 if __name__ == "__main__":

@@ -6,17 +6,20 @@ Docs: https://minillm.github.io/minillm/triton_kernel.html.md"""
 
 # %% auto #0
 __all__ = [
-    "DECODE_BLOCK_N",
+    "TILES",
     "MAX_NUM_SPLITS",
     "NUM_SPLIT_CHOICES",
-    "PREFILL_BLOCK",
     "TRITON_ATTENTION",
     "check_head_dim",
     "store_kv",
+    "store_constants",
+    "tiles",
+    "interpreted_bf16",
+    "decode_constants",
     "paged_decode_attention",
     "decode_partials",
     "choose_num_splits",
-    "prefill_block",
+    "prefill_constants",
     "prefill_tiles",
     "paged_prefill_attention",
     "TritonPlan",
@@ -69,10 +72,11 @@ def _store_kv_kernel(
 
 
 def check_head_dim(head_dim: int):
-    "The kernels tile head_dim whole: a power of two, at least 16 (tl.dot's smallest tile)."
-    if head_dim != triton.next_power_of_2(head_dim) or head_dim < 16:
+    """The kernels tile head_dim whole: a power of two, at least 16 (tl.dot's smallest tile) and at
+    most 256 (the largest the compile report at the end of this chapter builds)."""
+    if head_dim != triton.next_power_of_2(head_dim) or not 16 <= head_dim <= 256:
         raise ValueError(
-            f"the triton backend needs a power-of-two head_dim >= 16, got {head_dim}; "
+            f"the triton backend needs a power-of-two head_dim from 16 to 256, got {head_dim}; "
             "use attention_backend='torch'"
         )
 
@@ -95,9 +99,13 @@ def store_kv(
         cache.k[layer],
         cache.v[layer],
         slot_mapping,
-        WIDTH=H * D,
-        BLOCK=triton.next_power_of_2(H * D),
+        **store_constants(H * D),
     )
+
+
+def store_constants(width: int) -> dict:
+    "The store kernel's constexprs for rows of `width` values (KV heads x head_dim)."
+    return dict(WIDTH=width, BLOCK=triton.next_power_of_2(width))
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #75938dee
@@ -257,19 +265,53 @@ def _merge_splits_kernel(
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #cefce8c0
-DECODE_BLOCK_N = 64
+# The kernels' tiles and warps per (kernel, bytes per element, head_dim): the largest tiles that
+# compile for sm_80, sm_90 and sm_100 without a spill and with 15 registers to spare, read off the
+# compile report at the end of this chapter (which CI reruns; it fails on any spill)
+TILES = {
+    ("decode", 4, 64): dict(BLOCK_N=64, num_warps=8),
+    ("decode", 4, 128): dict(BLOCK_N=32, num_warps=8),
+    ("decode", 4, 256): dict(BLOCK_N=16, num_warps=8),
+    ("decode", 2, 64): dict(BLOCK_N=64, num_warps=8),
+    ("decode", 2, 128): dict(BLOCK_N=32, num_warps=8),
+    ("decode", 2, 256): dict(BLOCK_N=16, num_warps=4),
+    ("prefill", 4, 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8),
+    ("prefill", 4, 128): dict(BLOCK_M=32, BLOCK_N=16, num_warps=8),
+    ("prefill", 4, 256): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4),
+    ("prefill", 2, 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8),
+    ("prefill", 2, 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8),
+    ("prefill", 2, 256): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4),
+}
 
 
-def _num_stages(q: torch.Tensor) -> int:
-    """Pipeline depth: float32 tiles are twice as large, and three stages of them overflow an SM's
-    shared memory."""
-    return 2 if q.dtype == torch.float32 else 3
+def tiles(kernel: str, dtype: torch.dtype, head_dim: int) -> dict:
+    """`kernel`'s tile constexprs and launch options for this dtype and head_dim (below 64: the
+    tiles of 64). Pipeline depth: float32 tiles are twice as large, so two stages, not three."""
+    stages = 2 if dtype == torch.float32 else 3
+    return TILES[kernel, dtype.itemsize, max(head_dim, 64)] | dict(num_stages=stages)
 
 
-def _upcast(q: torch.Tensor) -> bool:
+def interpreted_bf16(x: torch.Tensor) -> bool:
     """Triton 3.9's interpreter multiplies bfloat16 tiles wrongly (numpy has no bfloat16): there,
-    tl.dot gets float32."""
-    return q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    tl.dot gets float32 (the kernels' UPCAST)."""
+    return x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def decode_constants(
+    dtype: torch.dtype, heads: tuple[int, int], head_dim: int, block_size: int, num_splits: int
+) -> dict:
+    """The decode kernel's constexprs and launch options for `heads` = (query heads, KV heads);
+    the compile report builds its launches here too."""
+    num_heads, num_kv_heads = heads
+    group = num_heads // num_kv_heads
+    return tiles("decode", dtype, head_dim) | dict(
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        NUM_SPLITS=num_splits,
+    )
 
 
 def _check_shapes(cache: PagedKVCache, q: torch.Tensor):
@@ -296,7 +338,7 @@ def paged_decode_attention(
     (`partials`, made here if not given) for the next layer to reuse."""
     H, Hkv, D = _check_shapes(cache, q)
     assert num_splits == triton.next_power_of_2(num_splits), "num_splits must be a power of two"
-    B, group = len(seq_ids), H // Hkv
+    B = len(seq_ids)
     if num_splits > 1 and partials is None:
         partials = decode_partials(B, H, D, num_splits, q.device)
     part_acc, part_m, part_l = (
@@ -320,15 +362,8 @@ def paged_decode_attention(
         md.cu_seqlens_q,
         seq_ids,
         1 / math.sqrt(D),
-        NUM_KV_HEADS=Hkv,
-        GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=D,
-        BLOCK_SIZE=cache.block_size,
-        BLOCK_N=DECODE_BLOCK_N,
-        NUM_SPLITS=num_splits,
-        UPCAST=_upcast(q),
-        num_stages=_num_stages(q),
+        **decode_constants(q.dtype, (H, Hkv), D, cache.block_size, num_splits),
+        UPCAST=interpreted_bf16(q),
     )
     if num_splits > 1:
         _merge_splits_kernel[(B, H)](
@@ -363,18 +398,17 @@ MAX_NUM_SPLITS = 16
 NUM_SPLIT_CHOICES = tuple(1 << i for i in range(MAX_NUM_SPLITS.bit_length()))  # 1, 2, 4, 8, 16
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int
+) -> int:
     """Split-K factor for a decode batch: a power of two that fills `num_sms` twice, within the key
-    tiles."""
-    programs, tiles = num_seqs * num_kv_heads, cdiv(max_context, DECODE_BLOCK_N)
-    want = min(MAX_NUM_SPLITS, tiles, cdiv(2 * num_sms, programs))
+    tiles of `block_n` keys."""
+    programs, key_tiles = num_seqs * num_kv_heads, cdiv(max_context, block_n)
+    want = min(MAX_NUM_SPLITS, key_tiles, cdiv(2 * num_sms, programs))
     return 1 if want <= 1 else 1 << (want.bit_length() - 1)
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #1dc8062c
-PREFILL_BLOCK = 64  # the prefill tiles' largest edge, queries and keys alike
-
-
 @triton.jit
 def _prefill_kernel(
     q_ptr,
@@ -451,16 +485,19 @@ def _prefill_kernel(
     )
 
 
-def prefill_block(dtype: torch.dtype, head_dim: int) -> int:
-    """The prefill tiles' edge: 64, halved (down to 16) while a tile of keys is over 16 KiB, so that
-    float32 and head_dim 256 fit an A100's shared memory (chapter 8b's compile report)."""
-    block = PREFILL_BLOCK
-    while block > 16 and block * head_dim * dtype.itemsize > 16 * 1024:
-        block //= 2
-    return block
+def prefill_constants(dtype: torch.dtype, heads: tuple[int, int], head_dim: int, block_size: int):
+    """The prefill kernel's constexprs and launch options for `heads` = (query heads, KV heads);
+    the compile report builds its launches here too."""
+    num_heads, num_kv_heads = heads
+    return tiles("prefill", dtype, head_dim) | dict(
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+    )
 
 
-def prefill_tiles(query_lens: list[int], seqs: list[int], block_m: int = PREFILL_BLOCK):
+def prefill_tiles(query_lens: list[int], seqs: list[int], block_m: int):
     "The (sequence, first row) of every query tile of the given sequences' chunks."
     tiles = [(s, start) for s in seqs for start in range(0, query_lens[s], block_m)]
     return [s for s, _ in tiles], [start for _, start in tiles]
@@ -474,10 +511,9 @@ def paged_prefill_attention(
     md: AttentionMetadata,
     tile_seq: torch.Tensor,
     tile_start: torch.Tensor,
-    block: int = PREFILL_BLOCK,
 ):
-    """Causal attention of the query tiles (see `prefill_tiles`, cut at `block` rows) over their
-    sequences' cached prefix and new tokens."""
+    """Causal attention of the query tiles (see `prefill_tiles`, cut at the `tiles` table's
+    BLOCK_M rows) over their sequences' cached prefix and new tokens."""
     H, Hkv, D = _check_shapes(cache, q)
     _prefill_kernel[(len(tile_seq), H)](
         q,
@@ -495,14 +531,8 @@ def paged_prefill_attention(
         tile_seq,
         tile_start,
         1 / math.sqrt(D),
-        NUM_KV_HEADS=Hkv,
-        GROUP=H // Hkv,
-        HEAD_DIM=D,
-        BLOCK_SIZE=cache.block_size,
-        BLOCK_M=block,
-        BLOCK_N=block,
-        UPCAST=_upcast(q),
-        num_stages=_num_stages(q),
+        **prefill_constants(q.dtype, (H, Hkv), D, cache.block_size),
+        UPCAST=interpreted_bf16(q),
     )
 
 
@@ -516,7 +546,6 @@ class TritonPlan:
     tile_seq: torch.Tensor  # [tiles] the prefill tiles: sequence and first row
     tile_start: torch.Tensor
     num_splits: int = 1
-    prefill_block: int = PREFILL_BLOCK  # the prefill tiles' edge, queries and keys alike
     # split-K scratch, made by the first layer
     partials: tuple | None = field(default=None, repr=False)
 
@@ -537,21 +566,22 @@ def plan_triton_attention(
     device = md.context_lens.device
     decodes = md.decode_seqs
     prefills = [s for s, n in enumerate(md.query_lens) if n > 1]
-    block = prefill_block(cache.k.dtype, cache.k.shape[-1])
-    tile_seq, tile_start = prefill_tiles(md.query_lens, prefills, block)
+    dtype, head_dim, num_kv_heads = cache.k.dtype, cache.k.shape[-1], cache.k.shape[3]
+    block_m = tiles("prefill", dtype, head_dim)["BLOCK_M"]
+    tile_seq, tile_start = prefill_tiles(md.query_lens, prefills, block_m)
+    if num_splits is None and not decodes:
+        num_splits = 1
     if num_splits is None:
-        max_context = max((md.context_lens_list[s] for s in decodes), default=0)
-        num_splits = (
-            choose_num_splits(len(decodes), cache.k.shape[3], max_context, _num_sms(device))
-            if decodes
-            else 1
-        )
+        max_context = max(md.context_lens_list[s] for s in decodes)
+        block_n = tiles("decode", dtype, head_dim)["BLOCK_N"]
+        sms = _num_sms(device)
+        num_splits = choose_num_splits(len(decodes), num_kv_heads, max_context, sms, block_n)
 
     def as_tensor(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
 
-    tiles = as_tensor(tile_seq), as_tensor(tile_start)
-    return TritonPlan(md, as_tensor(decodes), *tiles, num_splits, block)
+    tile_index = as_tensor(tile_seq), as_tensor(tile_start)
+    return TritonPlan(md, as_tensor(decodes), *tile_index, num_splits)
 
 
 def paged_attention_triton(
@@ -565,8 +595,8 @@ def paged_attention_triton(
             cache, layer, q, out, plan.metadata, plan.decode_seqs, plan.num_splits, plan.partials
         )
     if len(plan.tile_seq):
-        tiles = plan.tile_seq, plan.tile_start, plan.prefill_block
-        paged_prefill_attention(cache, layer, q, out, plan.metadata, *tiles)
+        tile_index = plan.tile_seq, plan.tile_start
+        paged_prefill_attention(cache, layer, q, out, plan.metadata, *tile_index)
     return out
 
 

@@ -121,6 +121,8 @@ class Int4Linear(nn.Module):
         if self.cpu_packed is not None and x.dtype in (torch.float32, torch.bfloat16):
             y = self._cpu_mm(x2)
         elif x.is_cuda:  # the Triton kernel below
+            if self.qweight is None:
+                raise ValueError("this Int4Linear holds PyTorch's CPU layout: build it on the GPU")
             from minillm.quantization.triton_linear import int4_matmul
 
             y = int4_matmul(x2, self.qweight, self.scales_zeros, self.group_size)

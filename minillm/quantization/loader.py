@@ -248,11 +248,12 @@ def check_quantization(scheme: str, model, device: str, tensor_parallel_size: in
     "ValueError for a quantization the engine cannot serve, saying what to change."
     if scheme not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {scheme!r}")
-    if device != "cpu":
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"quantized weights run on 'cpu' or 'cuda', not {device!r}")
+    if device == "cuda" and scheme == "gguf":
         raise ValueError(
-            "quantized weights run on CPU only so far (the Triton kernels are tested under the "
-            "interpreter but have not served a model on a GPU yet); use device='cpu' or "
-            "quantization=None"
+            "quantization='gguf' serves its blocks on CPU only (its Q8_0 embedding and tied head "
+            "are CPU layers); on CUDA quantize a float checkpoint on load with 'int8' or 'int4'"
         )
     if tensor_parallel_size > 1:
         raise ValueError("quantization does not combine with tensor parallelism yet")
