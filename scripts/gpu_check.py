@@ -7,6 +7,8 @@
 It installs nothing. It writes OUT_DIR/gpu_check.json (every result, with the GPU, the versions
 and the date) and OUT_DIR/gpu_check.log:
 
+0. what chapter 8b's compile report found without a GPU (build/gpu_compile*.json), what only this
+   run can check beyond it, and the same compile for this device's own limits;
 1. the compiled Triton kernel tests and the CUDA-graph tests (pytest: real capture and replay);
 2. exactness on the GPU: minillm against transformers on random-weight models with the shapes of
    the default model, Qwen3-0.6B and Llama-3.2-1B: greedy tokens in float32 and logits within
@@ -24,6 +26,7 @@ through tests/test_gpu_check.py).
 """
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -107,6 +110,45 @@ def run_pytest(dry: bool):
         "counts": counts,
         "ok": r.returncode == 0 and counts.get("passed", 0) > 0,
     }
+
+
+# What chapter 8b's compile report (make gpu-compile, on any CPU) cannot check: only a GPU run can
+BEYOND_THE_REPORT = {
+    "launch": "that the compiled kernels run and compute the right values on a device (pytest, "
+    "exactness)",
+    "timing": "how fast they run: bandwidth, TFLOP/s, tokens/s (kernels, engine)",
+    "graph capture": "that decode steps capture into CUDA graphs and replay exactly (pytest, "
+    "exactness, engine)",
+    "the driver's limits": "this GPU's own shared memory and register file, read from the device "
+    "(aot, on a GPU)",
+}
+
+
+@section("aot")
+def run_aot(dry: bool):
+    """The compile report's verdict as committed to build/, and on a GPU the same compile for this
+    device's own limits and Triton."""
+    out = {"beyond_the_report": BEYOND_THE_REPORT}
+    for report in sorted((ROOT / "build").glob("gpu_compile*.json")):
+        rows = json.loads(report.read_text())
+        verdict = dict(compiles=len(rows), triton=rows[0].get("triton") if rows else None)
+        verdict["spills"] = sum(bool(r["spill_bytes"]) for r in rows)
+        verdict["cannot_launch"] = sum(bool(r["error"]) for r in rows)
+        out[report.name] = verdict
+    if not dry:  # compiling needs the kernels as JIT functions, which the dry mode's are not
+        from minillm.kernels import aot
+
+        target = aot.Target.of_device(0)
+        rows = [aot.compile_config(c, target) for c in aot.engine_configs()]
+        out["this_gpu"] = dict(
+            target=dataclasses.asdict(target),
+            compiles=len(rows),
+            spills=[r.config for r in rows if r.spill_bytes],
+            cannot_launch=[aot.launch_error(r) for r in rows if r.error],
+            max_registers=max(r.registers for r in rows),
+        )
+    out["ok"] = dry or not (out["this_gpu"]["spills"] or out["this_gpu"]["cannot_launch"])
+    return out
 
 
 @section("exactness")
@@ -398,7 +440,7 @@ def main():
         help="tiny shapes, the Triton interpreter, no timings: runs on any CPU",
     )
     p.add_argument(
-        "--only", default=None, help="comma-separated sections: pytest,exactness,kernels,engine"
+        "--only", default=None, help="comma-separated sections: aot,pytest,exactness,kernels,engine"
     )
     args = p.parse_args()
     out = Path(args.out)
@@ -433,10 +475,13 @@ def main():
         )
     }
     log.info("gpu_check: %s", results["meta"])
-    only = set(args.only.split(",")) if args.only else {"pytest", "exactness", "kernels", "engine"}
+    sections = {"aot", "pytest", "exactness", "kernels", "engine"}
+    only = set(args.only.split(",")) if args.only else sections
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         workdir = Path(d)
+        if "aot" in only:
+            run_aot(results, args.dry)
         if "pytest" in only:
             run_pytest(results, args.dry)
         if "exactness" in only:

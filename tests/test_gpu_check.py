@@ -23,6 +23,7 @@ def test_gpu_check_dry_mode(tmp_path):
     res = json.loads((tmp_path / "gpu_check.json").read_text())
     assert res["meta"]["dry"] and (tmp_path / "gpu_check.log").stat().st_size > 0
     assert res["pytest"]["ok"] and res["exactness"]["ok"] and res["kernels"]["ok"]
+    assert res["aot"]["ok"] and set(res["aot"]["beyond_the_report"]) >= {"launch", "timing"}
     assert [m["shape"] for m in res["exactness"]["models"]] == [
         "SmolLM2-135M",
         "Qwen3-0.6B",

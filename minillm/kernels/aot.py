@@ -307,24 +307,31 @@ def table(rows: list[Resources]) -> str:
     for r in rows:
         by.setdefault(r.config, {})[r.target] = r
     width = max(map(len, by)) + 2
-    lines = [f"{'launch':{width}s}" + "".join(f"{t:>20s}" for t in TARGETS)]
+    columns = [t for t in TARGETS if any(r.target == t for r in rows)]
+    lines = [f"{'launch':{width}s}" + "".join(f"{t:>20s}" for t in columns)]
     for config, targets in by.items():
-        cells = "".join(f"{_cell(targets[t]) if t in targets else '-':>20s}" for t in TARGETS)
+        cells = "".join(f"{_cell(targets[t]) if t in targets else '-':>20s}" for t in columns)
         lines.append(f"{config:{width}s}{cells}")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    """`python -m minillm.kernels.aot [OUT.json]`: compile every launch for every target, print the
-    table, write the rows as JSON; exit 1 if one spills or cannot launch."""
+    """`python -m minillm.kernels.aot [--target sm_90] [OUT.json]`: compile every launch for every
+    target (or the named ones), print the table, write the rows as JSON; exit 1 if one spills or
+    cannot launch."""
+    import argparse
     import json
 
-    argv = sys.argv[1:] if argv is None else argv
-    rows = compile_report()
+    parser = argparse.ArgumentParser(prog="python -m minillm.kernels.aot")
+    parser.add_argument("out", nargs="?", help="write the rows here, as JSON")
+    parser.add_argument("--target", action="append", choices=list(TARGETS))
+    args = parser.parse_args(argv)
+    rows = compile_report(tuple(args.target or TARGETS))
+    print(f"Triton {triton.__version__}")
     print(table(rows))
-    if argv:
-        with open(argv[0], "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump([asdict(r) | dict(triton=triton.__version__) for r in rows], f, indent=1)
     spills = [r for r in rows if r.spill_bytes]
     failed = [r for r in rows if r.error]
     print(f"{len(rows)} compiles; {len(spills)} spill (!); {len(failed)} cannot launch (X)")
