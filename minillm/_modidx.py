@@ -1465,6 +1465,10 @@ d = {
                 "triton_kernel.html#_compile_all",
                 "minillm/kernels/aot.py",
             ),
+            "minillm.kernels.aot._run_worker": (
+                "triton_kernel.html#_run_worker",
+                "minillm/kernels/aot.py",
+            ),
             "minillm.kernels.aot._tool": ("triton_kernel.html#_tool", "minillm/kernels/aot.py"),
             "minillm.kernels.aot.attention_configs": (
                 "triton_kernel.html#attention_configs",

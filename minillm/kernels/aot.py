@@ -15,6 +15,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "INDEX_POINTERS",
     "USAGE",
+    "WORKER",
     "Target",
     "KernelConfig",
     "attention_configs",
@@ -36,12 +37,13 @@ import functools
 import importlib
 import inspect
 import os
+import pickle
 import re
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, astuple, dataclass
 
 import torch
 import triton
@@ -276,19 +278,37 @@ def check_attention_launches(dtype, heads, head_dim: int, block_size: int, targe
             raise ValueError(f"{launch_error(r)}; use attention_backend='torch'")
 
 
-def _compile_all(args) -> list[Resources]:
-    cfgs, target = args
-    return [compile_config(c, TARGETS[target]) for c in cfgs]
+def _compile_all(job: tuple) -> list[dict]:
+    "A worker's share of the report: (launches as plain tuples, a target's name) -> rows."
+    cfgs, target = job
+    return [asdict(compile_config(KernelConfig(*c), TARGETS[target])) for c in cfgs]
+
+
+WORKER = "import pickle, sys; from minillm.kernels.aot import _compile_all; "
+WORKER += "pickle.dump(_compile_all(pickle.load(sys.stdin.buffer)), sys.stdout.buffer)"
+
+
+def _run_worker(job: tuple) -> list[Resources]:
+    """One share, compiled in a fresh Python with Triton's interpreter off: there the kernels are
+    compiled functions even where this process interprets them (a notebook on a CPU does)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", WORKER], input=pickle.dumps(job), capture_output=True, env=env
+    )
+    if run.returncode:
+        raise RuntimeError(f"a compile worker failed:\n{run.stderr.decode()[-3000:]}")
+    return [Resources(**row) for row in pickle.loads(run.stdout)]
 
 
 def compile_report(targets=tuple(TARGETS), configs=None, workers=None) -> list[Resources]:
-    """Every engine launch compiled for every target, in `workers` processes (the CPUs by default);
-    Triton's cache makes a second run take seconds."""
+    """Every engine launch compiled for every target, in `workers` worker processes (the CPUs by
+    default); Triton's cache makes a second run take seconds."""
     configs = configs or engine_configs()
     workers = workers or os.cpu_count() or 1
-    jobs = [(configs[i::workers], t) for t in targets for i in range(workers)]
-    with ProcessPoolExecutor(workers) as pool:
-        rows = [r for chunk in pool.map(_compile_all, jobs) for r in chunk]
+    plain = [astuple(c) for c in configs]
+    jobs = [(plain[i::workers], t) for t in targets for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        rows = [r for chunk in pool.map(_run_worker, jobs) for r in chunk]
     order = {c.label: i for i, c in enumerate(configs)}
     return sorted(rows, key=lambda r: (order[r.config], list(TARGETS).index(r.target)))
 
@@ -308,9 +328,9 @@ def table(rows: list[Resources]) -> str:
         by.setdefault(r.config, {})[r.target] = r
     width = max(map(len, by)) + 2
     columns = [t for t in TARGETS if any(r.target == t for r in rows)]
-    lines = [f"{'launch':{width}s}" + "".join(f"{t:>20s}" for t in columns)]
+    lines = [f"{'launch':{width}s}" + "".join(f"{t:>22s}" for t in columns)]
     for config, targets in by.items():
-        cells = "".join(f"{_cell(targets[t]) if t in targets else '-':>20s}" for t in columns)
+        cells = "".join(f"{_cell(targets[t]) if t in targets else '-':>22s}" for t in columns)
         lines.append(f"{config:{width}s}{cells}")
     return "\n".join(lines)
 
@@ -340,5 +360,6 @@ def main(argv=None) -> int:
     return 1 if spills or failed else 0
 
 
-if __name__ == "__main__":
+# %% ../../nbs/08b_triton_kernel.ipynb #2d80e9b1
+if __name__ == "__main__":  # python -m minillm.kernels.aot (not run in the notebook)
     sys.exit(main())
