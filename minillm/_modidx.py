@@ -817,6 +817,22 @@ d = {
                 "paged_attention.html#flatbatch",
                 "minillm/engine/input_batch.py",
             ),
+            "minillm.engine.input_batch.SampleRows": (
+                "paged_attention.html#samplerows",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.SampleRows.histories": (
+                "paged_attention.html#samplerows.histories",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.SampleRows.of": (
+                "paged_attention.html#samplerows.of",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.SampleRows.owners": (
+                "paged_attention.html#samplerows.owners",
+                "minillm/engine/input_batch.py",
+            ),
             "minillm.engine.input_batch._to_device": (
                 "paged_attention.html#_to_device",
                 "minillm/engine/input_batch.py",

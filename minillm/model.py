@@ -152,31 +152,23 @@ def _rotate(x, cos, sin):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.layer_idx, self.h, self.hkv, self.d = (
-            layer_idx,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
+        self.layer_idx = layer_idx
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv_proj = nn.Linear(
             cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.qkv_bias
         )
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
-            self.q_norm, self.k_norm = (
-                RMSNorm(self.d, cfg.rms_norm_eps),
-                RMSNorm(self.d, cfg.rms_norm_eps),
-            )
+            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
 
     def forward(self, x, rope, attn):
         q, k, v = self.qkv_proj(x).split(
             [self.h * self.d, self.hkv * self.d, self.hkv * self.d], -1
         )
-        q, k, v = (
-            q.view(-1, self.h, self.d),
-            k.view(-1, self.hkv, self.d),
-            v.view(-1, self.hkv, self.d),
-        )
+        q = q.view(-1, self.h, self.d)
+        k = k.view(-1, self.hkv, self.d)
+        v = v.view(-1, self.hkv, self.d)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *rope)

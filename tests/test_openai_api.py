@@ -893,5 +893,6 @@ def test_logprob_token_ids_are_the_top_logprobs_of_those_tokens(client):
     assert [e.token for e in named] == [e.token for e in top]  # the same greedy answer
     got = {int(e.token.removeprefix("token_id:")): e.logprob for e in named[0].top_logprobs}
     assert list(got) == wanted
+    # the second request may hit the prefix cache: other shapes, other rounding (1.2e-5 seen)
     for e in top[0].top_logprobs:
-        assert got[int(e.token.removeprefix("token_id:"))] == pytest.approx(e.logprob, abs=1e-5)
+        assert got[int(e.token.removeprefix("token_id:"))] == pytest.approx(e.logprob, abs=1e-4)

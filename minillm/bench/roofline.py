@@ -89,10 +89,8 @@ def _best_time(f, repeats: int) -> float:
 
 def measure_peak_flops(n: int = 2048, dtype=torch.float32, repeats: int = 5, device="cpu") -> float:
     "FLOP/s of an n x n x n matrix multiply, the best of `repeats`."
-    a, b = (
-        torch.randn(n, n, dtype=dtype, device=device),
-        torch.randn(n, n, dtype=dtype, device=device),
-    )
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     return 2 * n**3 / _best_time(lambda: (a @ b, sync()), repeats)
 

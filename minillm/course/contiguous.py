@@ -20,10 +20,8 @@ class ContiguousKVCache:
         self, cfg: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"
     ):
         shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
-        self.k, self.v = (
-            torch.empty(shape, dtype=dtype, device=device),
-            torch.empty(shape, dtype=dtype, device=device),
-        )
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.batch_size, self.max_len, self.length = batch_size, max_len, 0
 
     def __call__(self, layer: int, q, k, v):

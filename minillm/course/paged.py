@@ -36,10 +36,8 @@ def random_paged_batch(
     for i, ((cached, new), nb) in enumerate(zip(cases, blocks_per_seq)):
         seq = Sequence(i, [0] * (cached + new), block_table=shuffled[:nb])
         del shuffled[:nb]
-        k, v = (
-            torch.randn(cached + new, num_kv_heads, head_dim, generator=g).to(dtype)
-            for _ in range(2)
-        )
+        k = torch.randn(cached + new, num_kv_heads, head_dim, generator=g).to(dtype)
+        v = torch.randn(cached + new, num_kv_heads, head_dim, generator=g).to(dtype)
         if cached:  # earlier steps wrote these
             slots = torch.tensor(slots_of(seq.block_table, range(cached), block_size))
             pool.write(0, k[:cached], v[:cached], slots)

@@ -79,16 +79,14 @@ def paged_attention_torch(
     """Attention of a flat batch q [T, H, D] over the paged cache (new K/V already written): [T, H,
     D]."""
     out = torch.empty_like(q)
-    decodes = (
-        md.decode_seqs if len(md.decode_seqs) > 1 else []
-    )  # host lists: no device sync per layer
+    # host lists: no device sync per layer
+    decodes = md.decode_seqs if len(md.decode_seqs) > 1 else []
     batched = set(decodes)
     attend_one_by_one(
         cache, layer, q, md, [s for s in range(len(md.query_lens)) if s not in batched], out
     )
-    if (
-        decodes
-    ):  # in groups whose padded copy of K/V stays under GATHER_BYTES, however long the contexts
+    # in groups whose padded copy of K/V stays under GATHER_BYTES, however long the contexts
+    if decodes:
         width = (
             cdiv(max(md.context_lens_list[s] for s in decodes), cache.block_size) * cache.block_size
         )

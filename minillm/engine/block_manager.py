@@ -22,12 +22,9 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(
-        default_factory=list
-    )  # chained hashes of the full blocks, in order
-    spec_token_ids: list[int] = field(
-        default_factory=list
-    )  # draft tokens after token_ids, not yet verified (chapter 12): never hashed or cached
+    block_hashes: list[int] = field(default_factory=list)  # of the full blocks, chained, in order
+    # draft tokens after token_ids, not yet verified (chapter 12): never hashed or cached
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __len__(self):
         return len(self.token_ids)

@@ -48,9 +48,8 @@ class CUDAGraphDecoder:
         )
         self.steps, self.logits, self.graphs, pool = {}, {}, {}, None
         with torch.inference_mode():  # no autograd state recorded into the graphs
-            for bs in reversed(
-                self.batch_sizes
-            ):  # largest first: the smaller graphs reuse its memory pool
+            # largest first: the smaller graphs reuse its memory pool
+            for bs in reversed(self.batch_sizes):
                 self.steps[bs] = step = self._decode_step(bs, max_model_len)
                 self.logits[bs] = step()  # warm-up: compiles the kernels, allocates split-K scratch
                 if capture:
@@ -70,9 +69,7 @@ class CUDAGraphDecoder:
             context_lens_list=[max_model_len] * bs,
             query_starts=list(range(bs)),
         )
-        attn = PagedAttention(
-            self.cache, md, TRITON_ATTENTION
-        )  # its plan (and split-K factor) is fixed here
+        attn = PagedAttention(self.cache, md, TRITON_ATTENTION)  # its plan and split-K: fixed here
         out = self.logits_buffer[:bs]
 
         # the logits land in one buffer shared by every graph: no per-size [bs, vocab] copy

@@ -24,10 +24,8 @@ class PagedKVCache:
         device="cpu",
     ):
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k, self.v = (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
 
     @classmethod

@@ -77,9 +77,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     num_kv_blocks: int | None = None  # force the pool size (tests use it to force preemption)
     kv_cache_memory_gb: float = 1.0  # CPU: memory for the KV pool
-    gpu_memory_utilization: float = (
-        0.9  # CUDA: share of device memory for weights, activations and KV
-    )
+    # CUDA: the share of device memory for weights, activations and KV
+    gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
     enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (chapter 8c)

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from ..sampling import SamplingTensors, sample
+from .input_batch import SampleRows
 from .request import Request
 
 
@@ -176,62 +177,49 @@ def sample_processed(
     logits: torch.Tensor,
     num_logits: list[int],
     requests: list[Request],
-    rows: list[int],
+    sampled: SampleRows,
     default_generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """The new tokens of each sampling request (`rows` index `requests`), with what chapter 12b
-    adds: prompt logprobs, the grammar's mask, logprobs, bans, biases and penalties; then drawn
-    (or verified against drafts, chapter 12) as usual. `num_logits`: rows of `logits` per
-    request."""
-    starts = [0]
-    for n in num_logits[:-1]:
-        starts.append(starts[-1] + n)
+    """The new tokens of each sampling request (`sampled`'s), with what chapter 12b adds: prompt
+    logprobs, the grammar's mask, logprobs, bans, biases and penalties; then drawn (or verified
+    against drafts, chapter 12) as usual. `num_logits`: rows of `logits` per request."""
     num_tokens = [n - len(r.spec_token_ids) for r, n in zip(requests, num_logits)]
-    record_prompt_logprobs(logits, starts, requests, num_tokens)
-    reqs = [requests[i] for i in rows]
+    record_prompt_logprobs(logits, sampled.starts, requests, num_tokens)
+    reqs = sampled.requests
     if not reqs:
         return []
-    picked = [
-        starts[i] + num_logits[i] - 1 - len(requests[i].spec_token_ids) + j
-        for i in rows
-        for j in range(1 + len(requests[i].spec_token_ids))
-    ]
-    logits = logits[picked].float()
-    owners = [r for r in reqs for _ in range(1 + len(r.spec_token_ids))]
-    histories = [
-        r.output_ids + r.spec_token_ids[:j] for r in reqs for j in range(1 + len(r.spec_token_ids))
-    ]
+    logits = logits[sampled.picked].float()
     if any(r.grammar is not None for r in reqs):
         from minillm.engine.structured_output import apply_grammars
 
-        apply_grammars(logits, reqs)
+        apply_grammars(logits, sampled)
     raw = None
     if any(r.params.logprobs is not None for r in reqs):
         raw = logits.log_softmax(-1)  # before bans, biases, penalties and temperature (vLLM's)
-    logits = process_logits(logits, owners, histories)
+    logits = process_logits(logits, sampled.owners(), sampled.histories())
     if any(r.spec_token_ids for r in reqs):
         from minillm.spec_decode.rejection_sampler import verify_drafts
 
-        tokens = verify_drafts(logits, reqs, list(range(len(reqs))), default_generator)
+        tokens = verify_drafts(logits, sampled, default_generator)
     else:
         st = SamplingTensors.from_params([r.params for r in reqs], logits.shape[-1], logits.device)
         drawn = sample(logits, st, [r.generator for r in reqs], default_generator)
         tokens = [[t] for t in drawn.tolist()]
     if raw is not None:
-        record_logprobs(raw, reqs, tokens)
+        record_logprobs(raw, sampled, tokens)
     return tokens
 
 
-def record_logprobs(raw: torch.Tensor, reqs: list[Request], tokens: list[list[int]]):
+def record_logprobs(raw: torch.Tensor, sampled: SampleRows, tokens: list[list[int]]):
     "Set `new_logprobs` of each request that asks: token j of its new tokens from its row j."
-    index, ids, nums, listed, row = [], [], [], [], 0
-    for req, new in zip(reqs, tokens):
+    index, ids, nums, listed = [], [], [], []
+    reqs = sampled.requests
+    for req, span, new in zip(reqs, sampled.spans, tokens):
         if req.params.logprobs is not None:
-            index += range(row, row + len(new))
+            index += span[: len(new)]
             ids += new
             nums += [req.params.logprobs] * len(new)
             listed += [req.params.logprob_token_ids] * len(new)
-        row += 1 + len(req.spec_token_ids)
     chosen = torch.tensor(ids, device=raw.device)
     entries = token_logprobs(raw[index], chosen, nums, listed)
     for req, new in zip(reqs, tokens):

@@ -33,7 +33,7 @@ from ..model import CausalLM, kv_cache_bytes_per_token
 from ..sampling import SamplingParams, SamplingTensors, sample
 from .attention import TORCH_ATTENTION, AttentionBackend, PagedAttention
 from .block_manager import Sequence, cdiv
-from .input_batch import FlatBatch, build_flat_batch
+from .input_batch import FlatBatch, SampleRows, build_flat_batch
 from .kv_cache import PagedKVCache
 from .scheduler import SchedulerOutput
 
@@ -94,8 +94,7 @@ def resolve_attention_backend(
     if name == "cpu" and not cpu_usable(device):
         raise ValueError(
             f"attention_backend 'cpu' needs the model on the CPU (it is on {device.type}) and the "
-            f"C++ "
-            "kernel built (a C++ compiler and ninja; see the warning above); use 'torch'"
+            "C++ kernel built (a C++ compiler and ninja; see the warning above); use 'torch'"
         )
     return name
 
@@ -168,8 +167,7 @@ def num_kv_blocks_for_memory(
         if available > free - 256 * 2**20:  # other processes hold what this instance was promised
             logger.warning(
                 "gpu_memory_utilization=%.2f asks for %.1f GiB of KV cache but only %.1f GiB are "
-                "free; "
-                "using what is free",
+                "free; using what is free",
                 gpu_memory_utilization,
                 available / 2**30,
                 free / 2**30,
@@ -238,13 +236,10 @@ class ModelRunner:
     ):
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
-        self.generator = torch.Generator(self.device).manual_seed(
-            seed
-        )  # the noise of requests without a seed
+        # the noise of requests without a seed
+        self.generator = torch.Generator(self.device).manual_seed(seed)
         self.packed_linears = 0
-        if (
-            self.device.type == "cpu"
-        ):  # chapter 8a: weights in oneDNN's own layout, where this CPU supports it
+        if self.device.type == "cpu":  # chapter 8a: weights in oneDNN's layout, where supported
             from minillm.kernels.cpu_linear import pack_linear_weights
 
             self.packed_linears = pack_linear_weights(model)
@@ -264,14 +259,10 @@ class ModelRunner:
             model.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
         )
         self.graphs = None
-        if (
-            cuda_graph_max_batch
-            and self.device.type == "cuda"
-            and self.attention_backend == "triton"
-        ):
-            from minillm.engine.cuda_graphs import (
-                CUDAGraphDecoder,
-            )  # chapter 8c: decode steps replayed from captured graphs
+        on_gpu = self.device.type == "cuda" and self.attention_backend == "triton"
+        if cuda_graph_max_batch and on_gpu:
+            # chapter 8c: decode steps replayed from captured graphs
+            from minillm.engine.cuda_graphs import CUDAGraphDecoder
 
             self.graphs = CUDAGraphDecoder(
                 model,
@@ -300,23 +291,23 @@ class ModelRunner:
         if not rows and not any(prompt_logits):
             return result
         with record_function("minillm::sample"):
+            sampled = SampleRows.of(out.requests, rows, batch.num_logits)
             if any(r.params.processes_logits for r in out.requests):
                 # chapter 12b: logprobs, penalties, biases, structured outputs
                 from minillm.engine.logits_processor import sample_processed
 
-                tokens = sample_processed(
-                    logits, batch.num_logits, out.requests, rows, self.generator
-                )
+                args = batch.num_logits, out.requests, sampled, self.generator
+                tokens = sample_processed(logits, *args)
             elif any(r.spec_token_ids for r in out.requests):
                 from minillm.spec_decode.rejection_sampler import verify_drafts  # chapter 12
 
-                tokens = verify_drafts(logits, out.requests, rows, self.generator)
+                tokens = verify_drafts(logits[sampled.picked], sampled, self.generator)
             else:
-                reqs = [out.requests[i] for i in rows]
-                st = SamplingTensors.from_params(
-                    [r.params for r in reqs], self.model.config.vocab_size, self.device
-                )
-                drawn = sample(logits[rows], st, [r.generator for r in reqs], self.generator)
+                reqs = sampled.requests
+                params = [r.params for r in reqs]
+                st = SamplingTensors.from_params(params, self.model.config.vocab_size, self.device)
+                generators = [r.generator for r in reqs]
+                drawn = sample(logits[sampled.picked], st, generators, self.generator)
                 tokens = [[t] for t in drawn.tolist()]
         for i, t in zip(rows, tokens):
             result[i] = t

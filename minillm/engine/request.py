@@ -38,9 +38,8 @@ class Request(Sequence):
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     error: str | None = None  # what went wrong, when finish_reason is "error"
     stream: TextStream | None = None  # detokenizer and stop conditions (set by the engine)
-    generator: torch.Generator | None = (
-        None  # its own RNG when it has a seed (made by the engine, on its device)
-    )
+    # its own RNG when it has a seed (made by the engine, on its device)
+    generator: torch.Generator | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was produced

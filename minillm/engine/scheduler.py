@@ -59,11 +59,9 @@ class Scheduler:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.num_speculative_tokens = num_speculative_tokens  # draft slots per decode (chapter 12)
         self.num_draft_tokens = self.num_accepted_tokens = 0  # and how they fared, in all
-        self.bm, self.max_num_seqs, self.max_num_batched_tokens = (
-            block_manager,
-            max_num_seqs,
-            max_num_batched_tokens,
-        )
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is the newest
@@ -80,8 +78,7 @@ class Scheduler:
         if need > self.bm.num_blocks:
             raise ValueError(
                 f"request {req.request_id!r} needs up to {need} KV blocks (prompt {req.prompt_len} "
-                f"+ "
-                f"max_tokens {req.max_tokens}); the pool has {self.bm.num_blocks}"
+                f"+ max_tokens {req.max_tokens}); the pool has {self.bm.num_blocks}"
             )
         if not self.enable_chunked_prefill and req.prompt_len > self.max_num_batched_tokens:
             raise ValueError(
@@ -106,9 +103,8 @@ class Scheduler:
         """Step 1: every running request its tokens, decodes first; preempt the newest while blocks
         run out."""
         preempted = set()
-        for req in sorted(
-            self.running, key=lambda r: r.num_pending_tokens > 1
-        ):  # decodes first (stable)
+        decodes_first = sorted(self.running, key=lambda r: r.num_pending_tokens > 1)  # stable
+        for req in decodes_first:
             n = min(req.num_pending_tokens + self._lookahead(req), budget)
             if req in preempted or n == 0:
                 continue
@@ -117,9 +113,7 @@ class Scheduler:
                 self._preempt(victim)
                 preempted.add(victim)
                 out.preempted.append(victim)
-                if (
-                    victim in out.requests
-                ):  # it was already planned this iteration: give its budget back
+                if victim in out.requests:  # already planned this iteration: give its budget back
                     i = out.requests.index(victim)
                     budget += out.num_tokens.pop(i)
                     out.requests.pop(i)
@@ -144,9 +138,7 @@ class Scheduler:
                 if not self.enable_chunked_prefill:
                     break
                 n = budget
-            if not self.bm.can_allocate(
-                req, n
-            ):  # give back the prefix blocks it matched; try again later
+            if not self.bm.can_allocate(req, n):  # give back the prefix it matched; try later
                 self.bm.free(req)
                 req.num_computed_tokens = 0
                 break
@@ -197,11 +189,9 @@ class Scheduler:
         self.bm.free(req)
         req.num_computed_tokens = 0
         req.spec_token_ids = []
-        req.status, req.finish_reason, req.finish_time = (
-            RequestStatus.FINISHED,
-            reason,
-            time.perf_counter(),
-        )
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.finish_time = time.perf_counter()
 
     def update(self, out: SchedulerOutput, sampled: list[list[int]]):
         """After the forward pass: append each request's new tokens (none for a prompt chunk, else

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .request import Request
+from .input_batch import SampleRows
 
 
 @dataclass
@@ -150,18 +150,16 @@ class StructuredOutputManager:
         return Grammar(xgr.GrammarMatcher(self.compile(guided)))
 
 
-def apply_grammars(logits: torch.Tensor, reqs: list[Request]):
-    """Mask, in place, the logits of tokens each request's grammar forbids: 1 + k rows per request
-    with k drafts, in order (rows of requests without a grammar are untouched)."""
+def apply_grammars(logits: torch.Tensor, sampled: SampleRows):
+    """Mask, in place, the logits (`sampled`'s rows) of tokens each request's grammar forbids: its
+    row and its drafts' (rows of requests without a grammar are untouched)."""
     import xgrammar as xgr
 
     bitmask = xgr.allocate_token_bitmask(len(logits), logits.shape[-1])
-    rows, row = [], 0
-    for req in reqs:
-        n = 1 + len(req.spec_token_ids)
+    rows = []
+    for req, span in zip(sampled.requests, sampled.spans):
         if req.grammar is not None:
-            filled = req.grammar.fill_bitmask(bitmask, row, req.spec_token_ids)
-            rows += range(row, row + filled)
-        row += n
+            filled = req.grammar.fill_bitmask(bitmask, span.start, req.spec_token_ids)
+            rows += span[:filled]
     if rows:
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)

@@ -48,15 +48,9 @@ def packing_supported(dtype: torch.dtype) -> bool:
     """Can this CPU run prepacked linear layers in `dtype`? (oneDNN refuses bfloat16 without
     AVX-512.)"""
     try:
-        w = torch.zeros(16, 16, dtype=dtype)
-        torch.ops.mkldnn._linear_pointwise(
-            torch.zeros(2, 16, dtype=dtype),
-            torch.ops.mkldnn._reorder_linear_weight(w, None),
-            None,
-            "none",
-            [],
-            "",
-        )
+        x, w = torch.zeros(2, 16, dtype=dtype), torch.zeros(16, 16, dtype=dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         return True
     except (RuntimeError, AttributeError):
         return False

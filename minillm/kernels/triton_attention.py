@@ -128,9 +128,8 @@ def _kv_tile(
     pos = t * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = pos < context_len
     block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-    row = (
-        (block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head
-    ) * HEAD_DIM  # one coalesced row per key
+    slot = block * BLOCK_SIZE + pos % BLOCK_SIZE
+    row = (slot * NUM_KV_HEADS + kv_head) * HEAD_DIM  # one coalesced row per key
     d = tl.arange(0, HEAD_DIM)
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
     v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
@@ -341,9 +340,8 @@ def paged_decode_attention(
     B = len(seq_ids)
     if num_splits > 1 and partials is None:
         partials = decode_partials(B, H, D, num_splits, q.device)
-    part_acc, part_m, part_l = (
-        partials if num_splits > 1 else (out, out, out)
-    )  # unused when not split
+    # without splits the kernel never touches the scratch: `out` stands in for it
+    part_acc, part_m, part_l = partials if num_splits > 1 else (out, out, out)
     _decode_kernel[(B, Hkv, num_splits)](
         q,
         q.stride(0),
@@ -455,9 +453,8 @@ def _prefill_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    keys_needed = tl.minimum(
-        prefix + first_row + BLOCK_M, context_len
-    )  # causal: nothing past the last query
+    # causal: nothing past the last query
+    keys_needed = tl.minimum(prefix + first_row + BLOCK_M, context_len)
     table = block_tables_ptr + seq * block_tables_stride
     for t in range(0, tl.cdiv(keys_needed, BLOCK_N)):
         pos, k, v = _kv_tile(

@@ -76,10 +76,10 @@ class Router:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
         self.registry = r = CollectorRegistry()
         self.routed = Counter("minillm_router_requests", "Requests sent", ["replica"], registry=r)
+        unreachable = "Replicas that could not be reached"
         self.failed = Counter(
-            "minillm_router_connect_failures", "Replicas that could not be reached", ["replica"],
-            registry=r,
-        )  # fmt: skip
+            "minillm_router_connect_failures", unreachable, ["replica"], registry=r
+        )
         self.up = Gauge("minillm_router_replica_healthy", "1 if answering", ["replica"], registry=r)
 
     def choose(self, key: str, tried: set[str]) -> Replica | None:

@@ -41,9 +41,8 @@ from .policy import Replica
 
 logger = logging.getLogger("minillm.disagg")
 
-NOT_FOR_PREFILL = (
-    "stream_options", "max_completion_tokens", "min_tokens", "logprobs", "top_logprobs", "echo"
-)  # fmt: skip
+NOT_FOR_PREFILL = ("stream_options", "max_completion_tokens", "min_tokens", "logprobs")
+NOT_FOR_PREFILL += ("top_logprobs", "echo")
 
 
 def splittable(body) -> bool:
@@ -70,10 +69,8 @@ class DisaggProxy:
     answer, the decode instance runs the whole request."""
 
     def __init__(self, prefill_url: str, decode_url: str, max_body_bytes: int = 32 * 2**20):
-        self.prefill, self.decode = (
-            Replica(prefill_url.rstrip("/")),
-            Replica(decode_url.rstrip("/")),
-        )
+        self.prefill = Replica(prefill_url.rstrip("/"))
+        self.decode = Replica(decode_url.rstrip("/"))
         self.max_body_bytes = max_body_bytes
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
         self.registry = r = CollectorRegistry()

@@ -761,11 +761,8 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics):
         metrics.rejected.labels("invalid").inc()
         errors = list(e.errors())
         message = validation_message(errors) or "invalid body"
-        if (
-            errors
-            and tuple(errors[0].get("loc", ())) == ("body",)
-            and "json" not in request.headers.get("content-type", "")
-        ):
+        whole_body = bool(errors) and tuple(errors[0].get("loc", ())) == ("body",)
+        if whole_body and "json" not in request.headers.get("content-type", ""):
             message = (
                 "the request body must be a JSON object, sent with Content-Type: application/json"
             )

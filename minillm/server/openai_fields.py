@@ -142,11 +142,8 @@ def check_tools(tools: list | None, tool_choice) -> str:
     tools = tools or []
     for t in tools:
         f = t.get("function") if isinstance(t, dict) else None
-        if (
-            t.get("type", "function") != "function"
-            or not isinstance(f, dict)
-            or not isinstance(f.get("name"), str)
-        ):
+        named = isinstance(f, dict) and isinstance(f.get("name"), str)
+        if t.get("type", "function") != "function" or not named:
             _refuse(
                 "each tool is {'type': 'function', 'function': {'name', 'parameters'}}", "tools"
             )

@@ -234,10 +234,8 @@ def tools_in_prompt(messages: list[dict], tools: list[dict] | None, parser: Tool
     """`messages` for a chat template that renders no tools: the tools' instructions join the
     system prompt, earlier calls are written into the assistant's text as the model writes them,
     and tool results become user turns (consecutive results in one)."""
-    out, results = (
-        [],
-        None,
-    )  # results: the user turn that collects consecutive tool results
+    out = []
+    results = None  # the user turn that collects consecutive tool results
     for i, m in enumerate(messages):
         if m["role"] == "tool":
             text = parser.result(m.get("content") or "")

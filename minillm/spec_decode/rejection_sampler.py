@@ -8,7 +8,7 @@ __all__ = ["greedy_accept", "rejection_sample", "verify_drafts"]
 # %% ../../nbs/12_speculative_decoding.ipynb #8a966d3d
 import torch
 
-from ..engine.request import Request
+from ..engine.input_batch import SampleRows
 from ..sampling import SamplingTensors, exponential_noise, sampling_probs
 
 
@@ -40,31 +40,23 @@ def rejection_sample(probs: torch.Tensor, drafts: list[int], generator=None) -> 
 
 # %% ../../nbs/12_speculative_decoding.ipynb #0a0e3d2d
 def verify_drafts(
-    logits: torch.Tensor, requests: list[Request], rows: list[int], default_generator=None
+    logits: torch.Tensor, sampled: SampleRows, default_generator=None
 ) -> list[list[int]]:
-    """The new tokens of each sampling request (`rows` index `requests`) from a step's logits: k + 1
-    rows for a request with k drafts (its `spec_token_ids`), one for the others, in order."""
-    firsts, row = [], 0
-    for req in requests:
-        firsts.append(row)
-        row += 1 + len(req.spec_token_ids)
-    reqs = [requests[i] for i in rows]
-    picked = [firsts[i] + j for i in rows for j in range(1 + len(requests[i].spec_token_ids))]
-    params = [r.params for r in reqs for _ in range(1 + len(r.spec_token_ids))]
-    logits = logits[picked]
+    """The new tokens of each sampling request from its rows of the step's logits (`logits[picked]`
+    of `sampled`): k + 1 rows for a request with k drafts (its `spec_token_ids`), one otherwise."""
+    params = [r.params for r in sampled.owners()]
     st = SamplingTensors.from_params(params, logits.shape[-1], logits.device)
     argmax = logits.argmax(-1).tolist()
     probs = None
     if not st.all_greedy:
         probs = sampling_probs(logits, st)
         probs = probs / probs.sum(-1, keepdim=True)
-    tokens, row = [], 0
-    for req in reqs:
-        n = 1 + len(req.spec_token_ids)
+    tokens = []
+    for req, span in zip(sampled.requests, sampled.spans):
+        rows = slice(span.start, span.stop)
         if req.params.greedy:
-            tokens.append(greedy_accept(argmax[row : row + n], req.spec_token_ids))
+            tokens.append(greedy_accept(argmax[rows], req.spec_token_ids))
         else:
             generator = req.generator or default_generator
-            tokens.append(rejection_sample(probs[row : row + n], req.spec_token_ids, generator))
-        row += n
+            tokens.append(rejection_sample(probs[rows], req.spec_token_ids, generator))
     return tokens
