@@ -22,10 +22,13 @@ class PagedKVCache:
         head_dim,
         dtype=torch.float32,
         device="cpu",
+        storage: torch.dtype | None = None,
     ):
+        """`dtype`: what `read` returns; `storage`: the pool's own element type where it differs
+        (chapter 13's one-byte pools)."""
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.zeros(shape, dtype=storage or dtype, device=device)
+        self.v = torch.zeros(shape, dtype=storage or dtype, device=device)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
 
     @classmethod

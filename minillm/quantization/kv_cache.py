@@ -78,18 +78,16 @@ class QuantizedKVCache(PagedKVCache):
         device="cpu",
         kv_cache_dtype: str = "int8",
     ):
-        self.kv_cache_dtype, self.storage = kv_cache_dtype, check_kv_cache_dtype(kv_cache_dtype)
+        self.kv_cache_dtype = kv_cache_dtype
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=self.storage, device=device)
-        self.v = torch.zeros(shape, dtype=self.storage, device=device)
+        super().__init__(*shape, dtype, device, storage=check_kv_cache_dtype(kv_cache_dtype))
         self.k_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
         self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
-        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor):
         "Quantize new tokens' k, v [T, kv_heads, head_dim] and store them, with their scales."
         for pool, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
-            q, scale = quantize_kv(x, self.storage)
+            q, scale = quantize_kv(x, pool.dtype)
             pool[layer].view(-1, *x.shape[1:])[slot_mapping] = q
             scales[layer].view(-1, x.shape[1])[slot_mapping] = scale
 

@@ -102,10 +102,13 @@ class Int4Linear(nn.Module):
         return cls(q, scale, lo + 8 * scale, group_size, linear.bias)
 
     def dequantize(self) -> torch.Tensor:
-        "The float weight [N, K] this layer multiplies by."
-        if self.cpu_packed is not None:  # read back through the kernel: W = (I Wᵀ)ᵀ
+        """The float weight [N, K] this layer multiplies by. PyTorch's CPU layout is its own (tiles
+        of interleaved rows, undocumented), so it is read back through its kernel: the products
+        with the identity's rows, 256 inputs at a time, are the weight's columns."""
+        if self.cpu_packed is not None:
             eye = torch.eye(self.in_features, device=self.scales_zeros.device)
-            return self._cpu_mm(eye).T.contiguous()
+            columns = [self._cpu_mm(rows) for rows in eye.split(256)]  # [256, N] each
+            return torch.cat(columns).T.contiguous()
         q = torch.stack([self.qweight & 15, self.qweight >> 4], -1).view(self.out_features, -1)
         scale, zero = self.scales_zeros.transpose(0, 1).unbind(-1)  # [N, K / g] each
         g = (q.float() - 8).view(self.out_features, -1, self.group_size)
