@@ -786,6 +786,28 @@ d = {
                 "minillm/engine/block_manager.py",
             ),
         },
+        "minillm.engine.config": {
+            "minillm.engine.config.EngineConfig": (
+                "engine.html#engineconfig",
+                "minillm/engine/config.py",
+            ),
+            "minillm.engine.config.EngineConfig.resolved": (
+                "engine.html#engineconfig.resolved",
+                "minillm/engine/config.py",
+            ),
+            "minillm.engine.config.EngineDeadError": (
+                "engine.html#enginedeaderror",
+                "minillm/engine/config.py",
+            ),
+            "minillm.engine.config.auto_dtype": (
+                "engine.html#auto_dtype",
+                "minillm/engine/config.py",
+            ),
+            "minillm.engine.config.cpu_has_native_bf16": (
+                "engine.html#cpu_has_native_bf16",
+                "minillm/engine/config.py",
+            ),
+        },
         "minillm.engine.cuda_graphs": {
             "minillm.engine.cuda_graphs.CUDAGraphDecoder": (
                 "cuda_graphs.html#cudagraphdecoder",
@@ -1055,18 +1077,6 @@ d = {
                 "engine.html#completionoutput",
                 "minillm/engine/llm_engine.py",
             ),
-            "minillm.engine.llm_engine.EngineConfig": (
-                "engine.html#engineconfig",
-                "minillm/engine/llm_engine.py",
-            ),
-            "minillm.engine.llm_engine.EngineConfig.resolved": (
-                "engine.html#engineconfig.resolved",
-                "minillm/engine/llm_engine.py",
-            ),
-            "minillm.engine.llm_engine.EngineDeadError": (
-                "engine.html#enginedeaderror",
-                "minillm/engine/llm_engine.py",
-            ),
             "minillm.engine.llm_engine.IterationStats": (
                 "engine.html#iterationstats",
                 "minillm/engine/llm_engine.py",
@@ -1151,32 +1161,12 @@ d = {
                 "engine.html#requestoutput.token_ids",
                 "minillm/engine/llm_engine.py",
             ),
-            "minillm.engine.llm_engine.auto_dtype": (
-                "engine.html#auto_dtype",
-                "minillm/engine/llm_engine.py",
-            ),
-            "minillm.engine.llm_engine.cpu_has_native_bf16": (
-                "engine.html#cpu_has_native_bf16",
-                "minillm/engine/llm_engine.py",
-            ),
-            "minillm.engine.llm_engine.create_model_runner": (
-                "engine.html#create_model_runner",
-                "minillm/engine/llm_engine.py",
-            ),
-            "minillm.engine.llm_engine.draft_model_budget": (
-                "engine.html#draft_model_budget",
-                "minillm/engine/llm_engine.py",
-            ),
             "minillm.engine.llm_engine.model_name": (
                 "engine.html#model_name",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.request_output": (
                 "engine.html#request_output",
-                "minillm/engine/llm_engine.py",
-            ),
-            "minillm.engine.llm_engine.size_kv_pool": (
-                "engine.html#size_kv_pool",
                 "minillm/engine/llm_engine.py",
             ),
         },
@@ -1448,6 +1438,20 @@ d = {
             "minillm.engine.structured_output.choice_grammar": (
                 "openai_api.html#choice_grammar",
                 "minillm/engine/structured_output.py",
+            ),
+        },
+        "minillm.engine.worker": {
+            "minillm.engine.worker.create_model_runner": (
+                "engine.html#create_model_runner",
+                "minillm/engine/worker.py",
+            ),
+            "minillm.engine.worker.draft_model_budget": (
+                "engine.html#draft_model_budget",
+                "minillm/engine/worker.py",
+            ),
+            "minillm.engine.worker.size_kv_pool": (
+                "engine.html#size_kv_pool",
+                "minillm/engine/worker.py",
             ),
         },
         "minillm.kernels.aot": {
@@ -2670,6 +2674,17 @@ d = {
                 "minillm/server/embeddings.py",
             ),
         },
+        "minillm.server.errors": {
+            "minillm.server.errors.APIError": ("serving.html#apierror", "minillm/server/errors.py"),
+            "minillm.server.errors.APIError.__init__": (
+                "serving.html#apierror.__init__",
+                "minillm/server/errors.py",
+            ),
+            "minillm.server.errors.APIError.body": (
+                "serving.html#apierror.body",
+                "minillm/server/errors.py",
+            ),
+        },
         "minillm.server.metrics": {
             "minillm.server.metrics.ServerMetrics": (
                 "serving.html#servermetrics",
@@ -2923,18 +2938,6 @@ d = {
             ),
         },
         "minillm.server.protocol": {
-            "minillm.server.protocol.APIError": (
-                "serving.html#apierror",
-                "minillm/server/protocol.py",
-            ),
-            "minillm.server.protocol.APIError.__init__": (
-                "serving.html#apierror.__init__",
-                "minillm/server/protocol.py",
-            ),
-            "minillm.server.protocol.APIError.body": (
-                "serving.html#apierror.body",
-                "minillm/server/protocol.py",
-            ),
             "minillm.server.protocol.ChatCompletionRequest": (
                 "serving.html#chatcompletionrequest",
                 "minillm/server/protocol.py",

@@ -30,7 +30,7 @@ import argparse
 import json
 import sys
 
-from .engine.llm_engine import EngineConfig
+from .engine.config import EngineConfig
 
 
 def json_object(text: str, flag: str) -> dict:

@@ -14,12 +14,12 @@ def float32_by_default():
     """The correctness anchor is float32, and dtype "auto" picks bfloat16 on CPUs with native bf16
     (AVX512_BF16, AMX): without this, which tests compare bf16 with transformers' float32 would
     depend on the machine. Tests of bfloat16 ask for it by name."""
-    from minillm.engine import llm_engine
+    from minillm.engine import config
 
-    native = llm_engine.cpu_has_native_bf16
-    llm_engine.cpu_has_native_bf16 = lambda: False
+    native = config.cpu_has_native_bf16
+    config.cpu_has_native_bf16 = lambda: False
     yield
-    llm_engine.cpu_has_native_bf16 = native
+    config.cpu_has_native_bf16 = native
 
 
 @pytest.fixture(scope="session")

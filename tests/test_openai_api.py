@@ -600,12 +600,13 @@ def _asking_value(unused: tuple):
 @pytest.mark.parametrize("kind", ["chat", "completions"])
 def test_every_vllm_field_is_implemented_refused_or_inert(kind):
     from minillm.server.openai_fields import field_status
-    from minillm.server.protocol import ChatCompletionRequest, CompletionRequest
+    from minillm.server.protocol import INERT, UNSUPPORTED, ChatCompletionRequest, CompletionRequest
 
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    statuses = {name: field_status(model, name)[0] for name in VLLM_FIELDS[kind]}
+    tables = UNSUPPORTED, INERT
+    statuses = {name: field_status(model, name, *tables)[0] for name in VLLM_FIELDS[kind]}
     assert "unknown" not in statuses.values(), statuses
-    assert field_status(model, "min_characters")[0] == "unknown"
+    assert field_status(model, "min_characters", *tables)[0] == "unknown"
 
 
 def _post(server, kind, extra, **kw):
@@ -617,11 +618,11 @@ def _post(server, kind, extra, **kw):
 @pytest.mark.parametrize("kind", ["chat", "completions"])
 def test_server_refuses_every_refused_field_by_name_and_accepts_the_inert(server, kind):
     from minillm.server.openai_fields import field_status
-    from minillm.server.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
+    from minillm.server.protocol import INERT, UNSUPPORTED, ChatCompletionRequest, CompletionRequest
 
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
     for name in VLLM_FIELDS[kind]:
-        status, _ = field_status(model, name)
+        status, _ = field_status(model, name, UNSUPPORTED, INERT)
         if status == "refused":
             r = _post(server, kind, {name: _asking_value(UNSUPPORTED[name][1])})
             assert r.status_code == 400 and r.json()["error"]["param"] == name, (name, r.text)

@@ -22,7 +22,7 @@ import torch
 from helpers import assert_equal_except_near_ties
 
 from minillm.bench.random_models import random_model_dir
-from minillm.engine.llm_engine import EngineDeadError
+from minillm.engine.config import EngineDeadError
 from minillm.llm import LLM
 from minillm.loader import load_hf_model
 from minillm.sampling import SamplingParams

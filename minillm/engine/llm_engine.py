@@ -7,18 +7,11 @@ Docs: https://minillm.github.io/minillm/engine.html.md"""
 # %% auto #0
 __all__ = [
     "logger",
-    "EngineConfig",
-    "cpu_has_native_bf16",
-    "auto_dtype",
     "CompletionOutput",
     "RequestOutput",
     "request_output",
     "model_name",
-    "draft_model_budget",
-    "size_kv_pool",
-    "create_model_runner",
     "IterationStats",
-    "EngineDeadError",
     "LLMEngine",
 ]
 
@@ -26,23 +19,11 @@ __all__ = [
 import dataclasses
 import itertools
 import logging
-import math
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from minillm.engine.model_runner import (
-    ModelRunner,
-    cuda_memory_snapshot,
-    kv_block_bytes,
-    load_attention_backend,
-    num_kv_blocks_for_memory,
-    profile_run,
-    resolve_attention_backend,
-)
 from minillm.loader import (
     DEFAULT_GGUF_FILE,
     eos_token_ids,
@@ -53,80 +34,15 @@ from minillm.loader import (
 
 from ..detokenizer import TextStream
 from ..metrics import RequestLatency
-from ..model import ModelConfig, load_model
+from ..model import ModelConfig
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
 from .block_manager import BlockManager
+from .config import EngineConfig, EngineDeadError
 from .request import Request
 from .scheduler import Scheduler, SchedulerOutput
+from .worker import create_model_runner
 
 logger = logging.getLogger("minillm")
-
-
-# %% ../../nbs/07b_engine.ipynb #c79cbd4c
-@dataclass
-class EngineConfig:
-    "Everything that shapes an engine."
-
-    model: str | None = None  # a model directory or .gguf file; None: the default model
-    dtype: str = "auto"  # "auto": bfloat16 on CUDA and on CPUs with native bf16, else float32
-    device: str = "auto"  # "auto": cuda if available
-    max_num_seqs: int = 64  # sequences per iteration at most
-    max_num_batched_tokens: int = 512  # tokens per iteration at most (the prefill chunk budget)
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    num_kv_blocks: int | None = None  # force the pool size (tests use it to force preemption)
-    kv_cache_memory_gb: float = 1.0  # CPU: memory for the KV pool
-    # CUDA: the share of device memory for weights, activations and KV
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    attention_backend: str = "auto"  # "auto", "torch" or "triton"
-    enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (chapter 8c)
-    seed: int = 0  # seeds the engine's RNG, which requests without a seed share
-    tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
-    quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits (chapter 13)
-    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "int8" or "fp8" (chapter 13)
-    speculative_config: dict | None = None  # draft tokens to verify per step (chapter 12)
-    kv_role: str | None = None  # "producer" (prefills) or "consumer" (decodes) (chapter 14)
-    kv_transfer_address: str | None = None  # host:port of the consumer's transfer store
-
-    def resolved(self) -> "EngineConfig":
-        "A copy with 'auto' settled for this machine."
-        device = (
-            self.device
-            if self.device != "auto"
-            else ("cuda" if torch.cuda.is_available() else "cpu")
-        )
-        dtype = self.dtype if self.dtype != "auto" else auto_dtype(device)
-        if dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.quantization is not None:  # chapter 13
-            from minillm.quantization.loader import check_quantization
-
-            check_quantization(self.quantization, self.model, device, self.tensor_parallel_size)
-        if self.kv_cache_dtype != "auto":  # chapter 13
-            from minillm.quantization.kv_cache import check_kv_cache_dtype
-
-            check_kv_cache_dtype(self.kv_cache_dtype)
-        if self.kv_role is not None:  # chapter 14
-            from minillm.engine.kv_transfer import check_kv_transfer
-
-            check_kv_transfer(self)
-        return dataclasses.replace(self, device=device, dtype=dtype)
-
-
-def cpu_has_native_bf16() -> bool:
-    """Does this CPU multiply bfloat16 in hardware (AVX512_BF16 or AMX)? Without it, bf16 matmuls
-    are emulated, slowly."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-
-
-def auto_dtype(device: str) -> str:
-    "bfloat16 on GPUs and on CPUs with native bf16 (as vLLM's CPU backend does), else float32."
-    return "bfloat16" if device.startswith("cuda") or cpu_has_native_bf16() else "float32"
 
 
 # %% ../../nbs/07b_engine.ipynb #93b7aecb
@@ -228,96 +144,6 @@ def model_name(model: str | None) -> str:
     return re.sub(r"\.(Q\d\w*|IQ\d\w*|F16|F32|BF16)$", "", path.stem, flags=re.IGNORECASE)
 
 
-# %% ../../nbs/07b_engine.ipynb #95f2b3c5
-def draft_model_budget(cfg: EngineConfig, dtype) -> tuple[int, int]:
-    """(bytes of its weights, bytes of one KV block) of the draft model that `speculative_config`
-    names (chapter 12), or (0, 0): its pool has as many blocks as the target's, so the memory for
-    the KV cache is shared between the two."""
-    spec = cfg.speculative_config
-    if not isinstance(spec, dict) or not spec.get("model"):
-        return 0, 0
-    from safetensors import safe_open
-
-    path = resolve_model_path(spec["model"])
-    numel = 0
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            numel += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-    draft = ModelConfig.from_hf(read_config(path))
-    element = torch.empty((), dtype=dtype).element_size()
-    return numel * element, kv_block_bytes(draft, cfg.block_size, dtype)
-
-
-def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) -> int:
-    """The number of KV blocks that fit beside `model` (see `num_kv_blocks_for_memory`), and
-    beside a draft model's weights and blocks (chapter 12); on CUDA after a profile run."""
-    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    mcfg = model.config
-    draft_weights, draft_block = draft_model_budget(cfg, dtype)
-    extra = draft_weights if device.type == "cuda" else 0  # on CPU the budget is the KV's alone
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        backend = load_attention_backend(
-            resolve_attention_backend(cfg.attention_backend, device, mcfg.head_dim)
-        )
-        pool_bytes = profile_run(
-            model,
-            backend,
-            cfg.max_num_batched_tokens,
-            max_model_len - 1,
-            cfg.max_num_seqs,
-            cfg.block_size,
-        )
-        torch.cuda.synchronize(device)
-        activations = torch.cuda.max_memory_allocated(device) - before - pool_bytes
-        extra = -pool_bytes
-        if not cfg.enforce_eager:  # CUDA graphs keep a decode step's activations and its logits
-            extra += activations * min(1.0, cfg.max_num_seqs / cfg.max_num_batched_tokens)
-            extra += cfg.max_num_seqs * mcfg.vocab_size * 4
-        torch.cuda.empty_cache()  # what the profile run reserved and no longer uses
-    return num_kv_blocks_for_memory(
-        mcfg,
-        cfg.block_size,
-        dtype,
-        device,
-        cfg.kv_cache_memory_gb,
-        cfg.gpu_memory_utilization,
-        baseline,
-        int(extra),
-        cfg.kv_cache_dtype,
-        draft_block,
-    )
-
-
-def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=None) -> ModelRunner:
-    """Load the model, size the KV pool, build the runner. Under tensor parallelism (chapter 11)
-    `tp` loads this rank's shard, makes the ranks agree on the pool's size, and makes the runner."""
-    device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
-    baseline = cuda_memory_snapshot(device) if device.type == "cuda" else None  # before weights
-    if cfg.quantization:  # chapter 13: weights in fewer bits
-        from minillm.quantization.loader import load_quantized
-
-        model = load_quantized(cfg.quantization, cfg.model, model_path, dtype, device)
-    else:
-        model = (tp.load_model if tp else load_model)(model_path, dtype, device)
-    num_blocks = cfg.num_kv_blocks or size_kv_pool(model, cfg, max_model_len, baseline)
-    if tp is not None:
-        num_blocks = tp.min_over_ranks(num_blocks)
-    make = tp.make_runner if tp else ModelRunner
-    return make(
-        model,
-        num_blocks,
-        cfg.block_size,
-        cfg.attention_backend,
-        cuda_graph_max_batch=0 if cfg.enforce_eager or tp else cfg.max_num_seqs,
-        max_model_len=max_model_len,
-        seed=cfg.seed,
-        kv_cache_dtype=cfg.kv_cache_dtype,
-    )
-
-
 # %% ../../nbs/07b_engine.ipynb #0487fa5b
 @dataclass(frozen=True)
 class IterationStats:
@@ -326,11 +152,6 @@ class IterationStats:
     index: int
     num_prompt_tokens: int
     num_generation_tokens: int
-
-
-class EngineDeadError(RuntimeError):
-    """The engine cannot run another step (its thread stopped, or a tensor-parallel worker died):
-    every request in it has ended."""
 
 
 class LLMEngine:

@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..engine.llm_engine import EngineConfig, EngineDeadError, create_model_runner
+from ..engine.config import EngineConfig, EngineDeadError
 from ..engine.model_runner import ModelRunner
+from ..engine.worker import create_model_runner
 from ..loader import read_config
 from ..model import ModelConfig
 from .layers import TPGroup, check_tp_size, load_model_shard

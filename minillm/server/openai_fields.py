@@ -56,7 +56,7 @@ from tokenizers.decoders import DecodeStream
 from ..engine.logits_processor import TokenLogprobs
 from ..engine.structured_output import GuidedDecodingParams
 from ..sampling import MAX_LOGPROBS
-from .protocol import APIError
+from .errors import APIError
 from .tool_parsers import HermesToolParser, ToolParser, tool_call, tools_in_prompt
 
 
@@ -752,20 +752,19 @@ def truncated(ids, options: dict):
     return ids[-n:] if options["side"] == "left" else ids[:n]
 
 
-def field_status(model, name: str) -> tuple[str, str]:
+def field_status(model, name: str, refused: dict, inert: dict) -> tuple[str, str]:
     """How minillm's server treats request field `name` of `model` (ChatCompletionRequest or
-    CompletionRequest): implemented (declared on the model), refused (a 400 naming it unless its
-    value asks for nothing), inert (with the reason) or unknown (a 400 too)."""
-    from minillm.server.protocol import INERT, UNSUPPORTED
-
+    CompletionRequest), given chapter 9's tables (protocol's UNSUPPORTED and INERT): implemented
+    (declared on the model), refused (a 400 naming it unless its value asks for nothing), inert
+    (with the reason) or unknown (a 400 too)."""
     if name in model.model_fields:
         return "implemented", ""
-    if name in UNSUPPORTED:
-        what, unused = UNSUPPORTED[name]
+    if name in refused:
+        what, unused = refused[name]
         accepted = ", ".join(["null"] + [json.dumps(u) for u in unused])
         return "refused", f"{what} (accepted: {accepted})"
-    if name in INERT:
-        return "inert", INERT[name]
+    if name in inert:
+        return "inert", inert[name]
     return "unknown", ""
 
 

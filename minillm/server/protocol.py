@@ -13,7 +13,6 @@ __all__ = [
     "Conversations",
     "Messages",
     "ServerLimits",
-    "APIError",
     "check_extra_fields",
     "StreamOptions",
     "SamplingFields",
@@ -34,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from ..llm import as_prompt_list
 from ..sampling import SamplingParams, check_text
+from .errors import APIError
 
 
 @dataclass
@@ -50,33 +50,7 @@ class ServerLimits:
     max_waiting_requests: int = 256  # requests submitted but not started; more: 503
 
 
-# %% ../../nbs/09_serving.ipynb #c978ac15
-class APIError(Exception):
-    "An error the client sees in OpenAI's shape: {'error': {'message', 'type', 'param', 'code'}}."
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        headers: dict | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type_, param
-        self.headers = headers
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-
-
+# %% ../../nbs/09_serving.ipynb #b97cd91b
 # field -> (what it asks for, the values that mean "not used"); None always means "not used"
 UNSUPPORTED = {
     "functions": ("function calling", ([],)),
