@@ -3,8 +3,8 @@
 d = {
     "settings": {
         "branch": "main",
-        "doc_baseurl": "/minillm",
-        "doc_host": "https://minillm.github.io",
+        "doc_baseurl": "/",
+        "doc_host": "",
         "git_url": "https://github.com/minillm/minillm",
         "lib_path": "minillm",
     },

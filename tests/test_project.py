@@ -1,5 +1,6 @@
-"The repository's generated files match their sources."
+"The repository's generated files match their sources, and the package imports one way."
 
+import ast
 import runpy
 from pathlib import Path
 
@@ -7,6 +8,55 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_is_generated_from_the_index():
-    assert (ROOT / "README.md").read_text() == runpy.run_path(str(ROOT / "scripts/readme.py"))[
-        "readme"
-    ]()
+    readme = runpy.run_path(str(ROOT / "scripts/readme.py"))["readme"]
+    assert (ROOT / "README.md").read_text() == readme()
+
+
+def _module_imports() -> dict[str, set[str]]:
+    "Each minillm module and the minillm modules it imports, at the top or inside a function."
+    files = {}
+    for path in (ROOT / "minillm").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    imports = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                targets = [".".join(base + ([node.module] if node.module else []))]
+            elif isinstance(node, ast.ImportFrom):
+                targets = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:  # a name inside a module: the module
+                    target = target.rpartition(".")[0]
+                if target.startswith("minillm") and target != name:
+                    found.add(target)
+        imports[name] = found
+    return imports
+
+
+def test_no_module_imports_in_a_circle():
+    "Lazy imports count: a circle through a function-level import is a circle of the design."
+    imports = _module_imports()
+    # a module is on a circle if it can reach itself; report the shortest such path
+    circles = []
+    for start in imports:
+        paths, seen = [[start]], {start}
+        while paths and not any(p[-1] == start and len(p) > 1 for p in paths):
+            nxt = []
+            for p in paths:
+                for m in imports[p[-1]]:
+                    if m == start:
+                        nxt.append(p + [m])
+                    elif m not in seen:
+                        seen.add(m)
+                        nxt.append(p + [m])
+            paths = nxt
+        circles += [" -> ".join(p) for p in paths if p[-1] == start and len(p) > 1][:1]
+    assert not circles, circles
