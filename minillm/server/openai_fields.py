@@ -629,6 +629,9 @@ def processing_params(body) -> dict:
             _refuse(message, "return_top_k_logprobs")
         if body.return_top_k_logprobs and body.echo:
             _refuse("return_top_k_logprobs packs sampled tokens only; send echo: false", "echo")
+        if body.return_top_k_logprobs and body.logprob_token_ids is not None:
+            message = "return_top_k_logprobs packs the top k; logprob_token_ids names other tokens"
+            _refuse(message, "logprob_token_ids")
     if body.logprob_token_ids == []:
         _refuse(
             "logprob_token_ids must not be empty; leave it out for the top logprobs",

@@ -246,8 +246,12 @@ class ResponsesShape:
         choice = chat["choices"][0]
         message = choice["message"]
         output = []
-        if message.get("content"):
-            output.append(_message_item(message["content"], logprobs=_logprobs(choice)))
+        # an answer cut at max_output_tokens is still a message, if only an empty one (a cut
+        # 'required' call, chapter 12b, leaves content ""), as OpenAI's incomplete responses are
+        cut = choice["finish_reason"] == "length" and not message.get("tool_calls")
+        if message.get("content") or cut:
+            content = message.get("content") or ""
+            output.append(_message_item(content, logprobs=_logprobs(choice)))
         for call in message.get("tool_calls") or []:
             f = call["function"]
             output.append(_call_item(call["id"], f["name"], f["arguments"]))

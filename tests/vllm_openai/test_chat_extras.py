@@ -401,7 +401,9 @@ def test_batched_chat_completions(server, model_name):
         user("Reply with exactly the word: alpha"),
         user("Reply with exactly the word: beta"),
     ]
-    body = {"model": model_name, "messages": conversations}
+    # vLLM sends no max_tokens; SmolLM2, sampled, can run to the context's end (past 300 s on two
+    # loaded cores), so the answers are bounded here
+    body = {"model": model_name, "messages": conversations, "max_tokens": 64}
     r = post(server, "v1/chat/completions/batch", body)
     assert r.status_code == 200, r.text
     choices = r.json()["choices"]

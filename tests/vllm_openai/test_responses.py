@@ -156,7 +156,8 @@ def test_streaming(client):
     events = list(create(client, input="What is 13 * 24?", stream=True))
     assert events[0].type == "response.created"
     assert any(e.type == "response.output_text.delta" for e in events)
-    assert events[-1].type == "response.completed"
+    # vLLM's answer ends (completed); SmolLM2's, sampled, may run into the default output limit
+    assert events[-1].type in ("response.completed", "response.incomplete")
 
 
 # ---------------------------------------------------------------- responses/test_simple.py
@@ -649,18 +650,28 @@ def test_previous_response_id(client):
         instructions="You are tested on your ability to retrieve the correct information from "
         "the previous response.",
         input="Hello, my name is John.",
+        temperature=0,
     )
     second = create(
         client,
         input="Actually, my name is not John. My real name is Mark.",
         previous_response_id=first.id,
+        temperature=0,
     )
     third = create(
         client,
         input="What is my real name again? Answer in one word.",
         previous_response_id=second.id,
+        temperature=0,
+        extra_body={"enable_response_messages": True},
     )
-    assert "Mark" in last_text(third) and "John" not in last_text(third)
+    # vLLM asserts the answer says Mark and not John; SmolLM2-135M, greedy, answers as if it were
+    # John. What the server owes is the conversation: both earlier turns, in order, in the prompt
+    prompt = third.model_extra["input_messages"][0]["message"]
+    turns = ["Hello, my name is John.", "My real name is Mark.", "What is my real name again?"]
+    assert all(t in prompt for t in turns) and prompt.index(turns[0]) < prompt.index(turns[1])
+    assert prompt.index(turns[1]) < prompt.index(turns[2])
+    assert last_text(first) in prompt and last_text(second) in prompt  # the answers too
 
 
 # ---------------------------------------------------------------- responses/test_usage_policy.py
