@@ -123,6 +123,7 @@ def test_bad_quantization_settings_are_refused(model_dir):
         (dict(quantization="gguf", model=str(model_dir)), ".gguf"),
         (dict(quantization="gguf", model="m.gguf", device="cuda"), "on CUDA quantize"),
         (dict(quantization="int8", device="mps"), "'cpu' or 'cuda'"),
+        (dict(quantization="gguf", model="m.gguf", device="cuda:1"), "on CUDA quantize"),
         (dict(quantization="int8", tensor_parallel_size=2), "tensor parallelism"),
     ]:
         with pytest.raises(ValueError, match=words):

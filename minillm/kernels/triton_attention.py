@@ -263,8 +263,9 @@ def _merge_splits_kernel(
 
 # %% ../../nbs/08b_triton_kernel.ipynb #cefce8c0
 # The kernels' tiles and warps per (kernel, bytes per element, head_dim): the largest tiles that
-# compile for sm_80, sm_90 and sm_100 without a spill and with 15 registers to spare, read off the
-# compile report at the end of this chapter (which CI reruns; it fails on any spill)
+# compile for sm_80, sm_90 and sm_100 without a spill and with 15 registers to spare, found by a
+# compiler search while writing this chapter (one row of it is shown at its end); the compile
+# report there, which CI reruns, fails on any spill
 TILES = {
     ("decode", 4, 64): dict(BLOCK_N=64, num_warps=8),
     ("decode", 4, 128): dict(BLOCK_N=32, num_warps=8),

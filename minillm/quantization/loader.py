@@ -248,9 +248,10 @@ def check_quantization(scheme: str, model, device: str, tensor_parallel_size: in
     "ValueError for a quantization the engine cannot serve, saying what to change."
     if scheme not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {scheme!r}")
-    if device not in ("cpu", "cuda"):
+    kind = torch.device(device).type  # "cuda:1" is a CUDA device too
+    if kind not in ("cpu", "cuda"):
         raise ValueError(f"quantized weights run on 'cpu' or 'cuda', not {device!r}")
-    if device == "cuda" and scheme == "gguf":
+    if kind == "cuda" and scheme == "gguf":
         raise ValueError(
             "quantization='gguf' serves its blocks on CPU only (its Q8_0 embedding and tied head "
             "are CPU layers); on CUDA quantize a float checkpoint on load with 'int8' or 'int4'"
