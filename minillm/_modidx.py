@@ -2037,16 +2037,28 @@ d = {
             ),
         },
         "minillm.quantization.layers": {
+            "minillm.quantization.layers.CpuInt4Linear": (
+                "quantization.html#cpuint4linear",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.CpuInt4Linear.dequantize": (
+                "quantization.html#cpuint4linear.dequantize",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.CpuInt4Linear.matmul": (
+                "quantization.html#cpuint4linear.matmul",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.CpuInt4Linear.pack": (
+                "quantization.html#cpuint4linear.pack",
+                "minillm/quantization/layers.py",
+            ),
             "minillm.quantization.layers.Int4Linear": (
                 "quantization.html#int4linear",
                 "minillm/quantization/layers.py",
             ),
             "minillm.quantization.layers.Int4Linear.__init__": (
                 "quantization.html#int4linear.__init__",
-                "minillm/quantization/layers.py",
-            ),
-            "minillm.quantization.layers.Int4Linear._cpu_mm": (
-                "quantization.html#int4linear._cpu_mm",
                 "minillm/quantization/layers.py",
             ),
             "minillm.quantization.layers.Int4Linear.dequantize": (
@@ -2059,6 +2071,14 @@ d = {
             ),
             "minillm.quantization.layers.Int4Linear.from_float": (
                 "quantization.html#int4linear.from_float",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int4Linear.matmul": (
+                "quantization.html#int4linear.matmul",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.Int4Linear.pack": (
+                "quantization.html#int4linear.pack",
                 "minillm/quantization/layers.py",
             ),
             "minillm.quantization.layers.Int8Linear": (
@@ -2079,6 +2099,10 @@ d = {
             ),
             "minillm.quantization.layers.Int8Linear.from_float": (
                 "quantization.html#int8linear.from_float",
+                "minillm/quantization/layers.py",
+            ),
+            "minillm.quantization.layers.int4_linear_class": (
+                "quantization.html#int4_linear_class",
                 "minillm/quantization/layers.py",
             ),
             "minillm.quantization.layers.pack_nibbles": (

@@ -76,7 +76,7 @@ def test_the_report_compiles_what_the_quantized_layers_launch(monkeypatch):
     w = torch.randn(64, 128) * 0.1
     int8 = Int8Linear(*quantize_int8(w))
     q, scale, lo = quantize_int4(w, 32)
-    int4 = Int4Linear(q, scale, lo + 8 * scale, 32, cpu_layout=False)
+    int4 = Int4Linear(q, scale, lo + 8 * scale, 32)
     for rows in (1, 16, 17, 100):
         x = torch.randn(rows, 128).bfloat16()
         qt.int8_matmul(x, int8.qweight, int8.scales)

@@ -22,7 +22,14 @@ from minillm.quantization.kv_cache import (
     dequantize_kv,
     quantize_kv,
 )
-from minillm.quantization.layers import Int4Linear, Int8Linear, quantize_int4, quantize_int8
+from minillm.quantization.layers import (
+    CpuInt4Linear,
+    Int4Linear,
+    Int8Linear,
+    int4_linear_class,
+    quantize_int4,
+    quantize_int8,
+)
 from minillm.quantization.loader import (
     GGUFTensors,
     blocks_to_float,
@@ -38,7 +45,7 @@ def test_layers_equal_dequantize_then_matmul(rows, bias):
     torch.manual_seed(rows)
     linear = nn.Linear(256, 96, bias=bias)
     x = torch.randn(rows, 256)
-    for layer in (Int8Linear.from_float(linear), Int4Linear.from_float(linear)):
+    for layer in (Int8Linear.from_float(linear), CpuInt4Linear.from_float(linear)):
         want = F.linear(x, layer.dequantize(), linear.bias)
         torch.testing.assert_close(layer(x), want, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(layer(x[None])[0], want, atol=1e-4, rtol=1e-5)  # [1, rows, K]
@@ -133,7 +140,26 @@ def test_bad_quantization_settings_are_refused(model_dir):
 def test_quantize_model_replaces_every_decoder_linear():
     model = quantize_model(load_model(None), "int4")
     kinds = {type(m).__name__ for m in model.model.layers.modules()}
-    assert "Linear" not in kinds and "Int4Linear" in kinds
+    assert "Linear" not in kinds and "CpuInt4Linear" in kinds  # the layout of the model's device
+    with pytest.raises(ValueError, match="'int8' or 'int4'"):
+        quantize_model(load_model(None), "int3")
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_one_int4_layout_per_device(group):
+    # the CPU layer keeps only PyTorch's private layout and reads it back through the kernel; the
+    # other keeps nibbles and unpacks them: from the same 4-bit values they hold the same weight
+    torch.manual_seed(group)
+    w = torch.randn(80, 320)  # 320 inputs: the read-back's 256-column steps end part-way
+    q, scale, lo = quantize_int4(w, group)
+    cpu, nibbles = (cls(q, scale, lo + 8 * scale, group) for cls in (CpuInt4Linear, Int4Linear))
+    assert {name for name, _ in cpu.named_buffers()} == {"scales_zeros", "cpu_packed"}
+    assert {name for name, _ in nibbles.named_buffers()} == {"scales_zeros", "qweight"}
+    torch.testing.assert_close(cpu.dequantize(), nibbles.dequantize(), rtol=1e-6, atol=1e-6)
+    x = torch.randn(3, 320)
+    torch.testing.assert_close(cpu(x), nibbles(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu(x.half()), nibbles(x.half()), rtol=1e-2, atol=1e-2)
+    assert int4_linear_class("cpu") is CpuInt4Linear and int4_linear_class("cuda:1") is Int4Linear
 
 
 # the KV cache in one byte (kv_cache_dtype)
@@ -267,8 +293,8 @@ def test_triton_kernels_equal_the_layers_reference(rows):
     torch.testing.assert_close(ours, x @ int8.dequantize().T, rtol=1e-4, atol=1e-4)
     for group in (32, 64, 128):
         q, scale, lo = quantize_int4(w, group)
-        int4 = Int4Linear(q, scale, lo + 8 * scale, group, cpu_layout=False)
-        assert int4.cpu_packed is None and int4.qweight.shape == (150, 64)
+        int4 = Int4Linear(q, scale, lo + 8 * scale, group)
+        assert int4.qweight.shape == (150, 64)
         ours = int4_matmul(x, int4.qweight, int4.scales_zeros, group)
         torch.testing.assert_close(ours, x @ int4.dequantize().T, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="divisible by 32"):
@@ -289,7 +315,14 @@ def test_triton_kernels_in_bfloat16(rows):
     ref = x.float() @ int8.dequantize().T
     torch.testing.assert_close(ours.float(), ref, rtol=1e-2, atol=1e-2)
     q, scale, lo = quantize_int4(w, 64)
-    int4 = Int4Linear(q, scale, lo + 8 * scale, 64, cpu_layout=False)
+    int4 = Int4Linear(q, scale, lo + 8 * scale, 64)
     ours = int4_matmul(x, int4.qweight, int4.scales_zeros, 64)
     ref = x.float() @ int4.dequantize().bfloat16().float().T
     torch.testing.assert_close(ours.float(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_the_cpu_int4_layout_refuses_what_its_kernel_cannot_hold():
+    q, scale, lo = quantize_int4(torch.randn(72, 64), 32)
+    with pytest.raises(ValueError, match="outputs in 16s, not 72"):
+        CpuInt4Linear(q, scale, lo + 8 * scale, 32)
+    assert Int4Linear(q, scale, lo + 8 * scale, 32).qweight.shape == (72, 32)

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from ..loader import default_gguf_path, read_config
 from ..model import CausalLM, ModelConfig, RotaryEmbedding, load_model
-from .layers import QK, Int4Linear, Int8Linear, quantize_int8
+from .layers import QK, Int8Linear, int4_linear_class, quantize_int8
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
@@ -145,7 +145,8 @@ def _quantized_linear(g: GGUFTensors, names: list[str], rows: list, bias):
             qs.append(q)
             ds.append(d)
             zs.append(zero)
-        return Int4Linear(torch.cat(qs), torch.cat(ds), torch.cat(zs), QK, bias)
+        int4 = int4_linear_class(qs[0].device)
+        return int4(torch.cat(qs), torch.cat(ds), torch.cat(zs), QK, bias)
     w = torch.cat([g.float(n)[o] if o is not None else g.float(n) for n, o in zip(names, rows)])
     linear = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
     with torch.no_grad():
@@ -232,10 +233,14 @@ QUANTIZATIONS = ("gguf", "int8", "int4")
 def quantize_model(model: CausalLM, scheme: str, group_size: int = QK) -> CausalLM:
     """Every linear layer of the decoder as Int8Linear or Int4Linear ("int8", "int4" in groups of
     `group_size`); the embedding and the LM head stay float, as vLLM leaves them."""
-    make = {
-        "int8": Int8Linear.from_float,
-        "int4": lambda linear: Int4Linear.from_float(linear, group_size),
-    }[scheme]
+    if scheme not in ("int8", "int4"):
+        raise ValueError(f"quantize_model quantizes to 'int8' or 'int4', not {scheme!r}")
+
+    def make(linear: nn.Linear) -> nn.Module:
+        if scheme == "int8":
+            return Int8Linear.from_float(linear)
+        return int4_linear_class(linear.weight.device).from_float(linear, group_size)
+
     for layer in model.model.layers:
         for name in LINEARS:
             parent, attr = name.rsplit(".", 1)
