@@ -843,8 +843,8 @@ d = {
                 "paged_attention.html#samplerows",
                 "minillm/engine/input_batch.py",
             ),
-            "minillm.engine.input_batch.SampleRows.histories": (
-                "paged_attention.html#samplerows.histories",
+            "minillm.engine.input_batch.SampleRows.drafts": (
+                "paged_attention.html#samplerows.drafts",
                 "minillm/engine/input_batch.py",
             ),
             "minillm.engine.input_batch.SampleRows.of": (
@@ -1171,8 +1171,24 @@ d = {
             ),
         },
         "minillm.engine.logits_processor": {
+            "minillm.engine.logits_processor.PenaltyCounts": (
+                "openai_api.html#penaltycounts",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.PenaltyCounts.__init__": (
+                "openai_api.html#penaltycounts.__init__",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor.PenaltyCounts.of": (
+                "openai_api.html#penaltycounts.of",
+                "minillm/engine/logits_processor.py",
+            ),
             "minillm.engine.logits_processor.TokenLogprobs": (
                 "openai_api.html#tokenlogprobs",
+                "minillm/engine/logits_processor.py",
+            ),
+            "minillm.engine.logits_processor._penalise": (
+                "openai_api.html#_penalise",
                 "minillm/engine/logits_processor.py",
             ),
             "minillm.engine.logits_processor.apply_penalties": (
@@ -2398,6 +2414,10 @@ d = {
             ),
             "minillm.sampling.SamplingParams.output_limit": (
                 "sampling.html#samplingparams.output_limit",
+                "minillm/sampling.py",
+            ),
+            "minillm.sampling.SamplingParams.penalised": (
+                "sampling.html#samplingparams.penalised",
                 "minillm/sampling.py",
             ),
             "minillm.sampling.SamplingParams.processes_logits": (

@@ -104,14 +104,18 @@ class SamplingParams:
         return self.temperature < GREEDY_EPS
 
     @property
+    def penalised(self) -> bool:
+        "Do presence, frequency or repetition penalties change its logits (chapter 12b)?"
+        penalties = (self.presence_penalty, self.frequency_penalty, self.repetition_penalty - 1)
+        return any(p != 0 for p in penalties)
+
+    @property
     def processes_logits(self) -> bool:
         "Does the sampler do more than filter and draw for this request (chapter 12b)?"
         return (
             self.logprobs is not None
             or self.prompt_logprobs is not None
-            or self.presence_penalty != 0
-            or self.frequency_penalty != 0
-            or self.repetition_penalty != 1
+            or self.penalised
             or bool(self.logit_bias or self.bad_words or self.min_tokens)
             or self.guided_decoding is not None
         )

@@ -151,6 +151,21 @@ def test_streaming_deltas_add_up(model_dir):
     assert "".join(deltas) == req.stream.text and req.finished
 
 
+def test_the_first_output_says_so_after_the_engine_runs_on(model_dir):
+    # a streaming server reads an output while the engine thread steps on and the request's
+    # token_times grows: whether the output was the first must not be read from that list
+    engine = LLMEngine(model=str(model_dir))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    req = engine.add_request([1, 2, 3, 4], params)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [o for o in engine.step() if o.request_id == req.request_id]
+    with_tokens = [o for o in outputs if o.delta_token_ids]
+    assert len(with_tokens[0].token_times) == 6  # the live list, grown since
+    assert [o.first_output for o in with_tokens] == [True] + [False] * (len(with_tokens) - 1)
+    assert with_tokens[0].prompt_token_ids == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize(
     "prompt, params, match",
     [

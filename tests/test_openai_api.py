@@ -287,6 +287,47 @@ def test_structured_outputs_exact_under_preemption_and_speculation(model_dir, to
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+class OpenAIPenalties:
+    "transformers logits processor: OpenAI's frequency and presence penalties on generated tokens."
+
+    def __init__(self, prompt_len: int, frequency: float, presence: float):
+        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        generated = input_ids[:, self.prompt_len :]
+        counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0)
+
+
+def test_penalties_kept_across_steps_equal_transformers(model_dir, tokenizer, hf_model):
+    # the counts are kept on the request and grow by each step's tokens: a penalised request
+    # beside an unpenalised one, chunked and preempted (a pool too small for both), stays exact
+    from transformers import LogitsProcessorList
+
+    small = LLM(
+        str(model_dir),
+        dtype="float32",
+        num_kv_blocks=5,
+        block_size=16,
+        max_num_batched_tokens=16,
+    )
+    prompts = [tokenizer(p).input_ids for p in ["The capital of France is", "Once upon a time"]]
+    penalties = dict(frequency_penalty=0.4, presence_penalty=0.3, repetition_penalty=1.2)
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **penalties),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+    ]
+    outs = small.generate(prompts, params, use_tqdm=False)
+    assert small.engine.scheduler.num_preemptions > 0
+    penalised = OpenAIPenalties(len(prompts[0]), 0.4, 0.3)
+    processors = LogitsProcessorList([penalised])
+    hf_kw = dict(repetition_penalty=1.2, logits_processor=processors)
+    greedy_divergence(hf_model, prompts[0], outs[0].token_ids, None, **hf_kw)
+    greedy_divergence(hf_model, prompts[1], outs[1].token_ids, None)
+    assert small.engine.block_manager.num_free_blocks == 5
+
+
 def test_penalties_exact_under_speculation(model_dir, tokenizer, hf_model):
     prompts = [tokenizer(p).input_ids for p in ["1, 2, 3, 4, 5,", "a b a b a b a b"]]
     spec = LLM(

@@ -60,3 +60,15 @@ def test_no_module_imports_in_a_circle():
             paths = nxt
         circles += [" -> ".join(p) for p in paths if p[-1] == start and len(p) > 1][:1]
     assert not circles, circles
+
+
+def test_each_module_says_what_it_holds():
+    "A module's docstring is its own: one notebook's summary is not reused by all it exports."
+    docs = {}
+    for path in sorted((ROOT / "minillm").rglob("*.py")):
+        if path.name not in ("__init__.py", "_modidx.py"):
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+            assert doc, f"{path.relative_to(ROOT)} has no docstring"
+            docs.setdefault(doc, []).append(str(path.relative_to(ROOT / "minillm")))
+    shared = {doc: paths for doc, paths in docs.items() if len(paths) > 1}
+    assert not shared, shared

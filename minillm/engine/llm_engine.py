@@ -75,6 +75,8 @@ class RequestOutput:
     prompt_logprobs: list | None = None  # per prompt token (None first), when asked
     first_scheduled_time: float | None = None  # when it first ran: its time in the queue ends
     num_preemptions: int = 0  # how often the scheduler preempted it (chapter 6)
+    # the request's first output? (token_times may have grown since: the engine runs on)
+    first_output: bool = False
 
     @property
     def metrics(self) -> RequestLatency | None:
@@ -130,6 +132,7 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
         req.prompt_logprobs,
         req.first_scheduled_time,
         req.num_preemptions,
+        first,
     )
 
 

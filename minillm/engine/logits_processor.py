@@ -9,6 +9,7 @@ __all__ = [
     "token_counts",
     "apply_penalties",
     "banned_tokens",
+    "PenaltyCounts",
     "process_logits",
     "record_prompt_logprobs",
     "sample_processed",
@@ -103,16 +104,42 @@ def banned_tokens(req: Request, history: list[int]) -> list[int]:
     return banned
 
 
+class PenaltyCounts:
+    """One request's tokens counted for its penalties, on the logits' device and kept from step to
+    step: a step adds only the tokens appended since the last, so what it costs does not grow with
+    the request's history. The prompt, which the repetition penalty also sees, is counted once."""
+
+    def __init__(self, req: Request, vocab_size: int, device):
+        self.output = torch.zeros(vocab_size, dtype=torch.long, device=device)
+        self.counted = 0  # of the request's output tokens
+        self.in_prompt = token_counts([req.token_ids[: req.prompt_len]], vocab_size, device)[0] > 0
+
+    @classmethod
+    def of(cls, req: Request, vocab_size: int, device) -> "PenaltyCounts":
+        "The request's counts, brought up to date with its output (made on first use)."
+        if req.penalty_counts is None:
+            req.penalty_counts = cls(req, vocab_size, device)
+        counts = req.penalty_counts
+        new = req.token_ids[req.prompt_len + counts.counted :]
+        if new:
+            ids = torch.tensor(new, device=device)
+            counts.output.scatter_add_(0, ids, torch.ones_like(ids))
+            counts.counted += len(new)
+        return counts
+
+
 def process_logits(
-    logits: torch.Tensor, owners: list[Request], histories: list[list[int]]
+    logits: torch.Tensor, owners: list[Request], drafts: list[list[int]]
 ) -> torch.Tensor:
     """Each row's bans (bad words, min_tokens), logit bias and penalties, in vLLM's order; row i
-    belongs to owners[i] after its output histories[i]. One indexed write per kind, for all rows."""
+    belongs to owners[i], after its output and then drafts[i] (chapter 12's speculative rows).
+    One indexed write per kind, for all rows."""
     rows, cols = [], []
-    for i, (req, history) in enumerate(zip(owners, histories)):
-        banned = banned_tokens(req, history)
-        rows += [i] * len(banned)
-        cols += banned
+    for i, (req, row_drafts) in enumerate(zip(owners, drafts)):
+        if req.bad_words_ids or req.params.min_tokens:  # the only bans that read the history
+            banned = banned_tokens(req, req.output_ids + row_drafts)
+            rows += [i] * len(banned)
+            cols += banned
     if rows:
         logits[rows, cols] = -math.inf
     biased = [(i, t, b) for i, r in enumerate(owners) for t, b in r.params.logit_bias.items()]
@@ -120,28 +147,32 @@ def process_logits(
         i, t, b = zip(*biased)
         index = (torch.tensor(i, device=logits.device), torch.tensor(t, device=logits.device))
         logits.index_put_(index, torch.tensor(b, device=logits.device), accumulate=True)
-    params = [r.params for r in owners]
-    if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1 for p in params):
-        vocab, device = logits.shape[-1], logits.device
-
-        def per_row(name):
-            return torch.tensor([getattr(p, name) for p in params], device=device)
-
-        repetition = per_row("repetition_penalty")
-        prompt_mask = None
-        if (repetition != 1).any():
-            prompts = [r.token_ids[: r.prompt_len] for r in owners]
-            prompt_mask = token_counts(prompts, vocab, device) > 0
-        counts = token_counts(histories, vocab, device)
-        logits = apply_penalties(
-            logits,
-            counts,
-            prompt_mask,
-            per_row("presence_penalty"),
-            per_row("frequency_penalty"),
-            repetition,
-        )
+    if any(r.params.penalised for r in owners):
+        logits = _penalise(logits, owners, drafts)
     return logits
+
+
+def _penalise(logits: torch.Tensor, owners: list[Request], drafts: list[list[int]]):
+    "apply_penalties over the rows, from each penalised request's kept counts (zeros elsewhere)."
+    vocab, device = logits.shape[-1], logits.device
+    none = torch.zeros(vocab, dtype=torch.long, device=device)
+    kept = [PenaltyCounts.of(r, vocab, device) if r.params.penalised else None for r in owners]
+    counts = torch.stack([none if k is None else k.output for k in kept])
+    draft_rows = [i for i, d in enumerate(drafts) for _ in d]
+    if draft_rows:  # a speculative row also counts the drafts before it
+        rows = torch.tensor(draft_rows, device=device)
+        tokens = torch.tensor([t for d in drafts for t in d], device=device)
+        counts.index_put_((rows, tokens), torch.ones_like(tokens), accumulate=True)
+    prompt_mask = torch.stack([none.bool() if k is None else k.in_prompt for k in kept])
+    params = [r.params for r in owners]
+
+    def per_row(name):
+        return torch.tensor([getattr(p, name) for p in params], device=device)
+
+    penalties = [
+        per_row(n) for n in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+    ]
+    return apply_penalties(logits, counts, prompt_mask, *penalties)
 
 
 # %% ../../nbs/12b_openai_api.ipynb #df7d2be5
@@ -194,7 +225,7 @@ def sample_processed(
     raw = None
     if any(r.params.logprobs is not None for r in reqs):
         raw = logits.log_softmax(-1)  # before bans, biases, penalties and temperature (vLLM's)
-    logits = process_logits(logits, sampled.owners(), sampled.histories())
+    logits = process_logits(logits, sampled.owners(), sampled.drafts())
     if any(r.spec_token_ids for r in reqs):
         from minillm.spec_decode.rejection_sampler import verify_drafts
 

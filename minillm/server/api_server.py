@@ -373,9 +373,8 @@ class Responder:
                 finish = out.finish_reason if out.finished else None
                 stop = {"stop_reason": out.outputs[0].stop_reason} if out.finished else {}
                 if self.extras:  # chapter 12b: logprobs, echo, tool calls
-                    first = len(out.token_times) == len(out.delta_token_ids)
                     delta, extra, finish = self.extras.stream(
-                        index, out, self._delta(out.delta_text), first
+                        index, out, self._delta(out.delta_text), out.first_output
                     )
                     if delta or extra.get("logprobs") or extra.get("token_ids") or finish:
                         yield self._chunk(index, delta, finish, extra | stop, top=usage)
@@ -413,7 +412,7 @@ class Responder:
         }
 
     def _observe(self, out: RequestOutput):
-        if len(out.token_times) == 1 and out.delta_token_ids:
+        if out.first_output and out.delta_token_ids:
             self.admission.observe_ttft(out.token_times[0] - out.arrival_time)
 
 
