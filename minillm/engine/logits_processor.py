@@ -163,7 +163,9 @@ def _penalise(logits: torch.Tensor, owners: list[Request], drafts: list[list[int
         rows = torch.tensor(draft_rows, device=device)
         tokens = torch.tensor([t for d in drafts for t in d], device=device)
         counts.index_put_((rows, tokens), torch.ones_like(tokens), accumulate=True)
-    prompt_mask = torch.stack([none.bool() if k is None else k.in_prompt for k in kept])
+    prompt_mask = None  # only the repetition penalty reads the prompt
+    if any(r.params.repetition_penalty != 1 for r in owners):
+        prompt_mask = torch.stack([none.bool() if k is None else k.in_prompt for k in kept])
     params = [r.params for r in owners]
 
     def per_row(name):
