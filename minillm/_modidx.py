@@ -1550,6 +1550,10 @@ d = {
                 "cpu_attention.html#cpuplan",
                 "minillm/kernels/cpu_attention.py",
             ),
+            "minillm.kernels.cpu_attention.build_cpu_extension": (
+                "cpu_attention.html#build_cpu_extension",
+                "minillm/kernels/cpu_attention.py",
+            ),
             "minillm.kernels.cpu_attention.cpu_kernels_available": (
                 "cpu_attention.html#cpu_kernels_available",
                 "minillm/kernels/cpu_attention.py",
@@ -1569,6 +1573,52 @@ d = {
             "minillm.kernels.cpu_attention.plan_cpu_attention": (
                 "cpu_attention.html#plan_cpu_attention",
                 "minillm/kernels/cpu_attention.py",
+            ),
+        },
+        "minillm.kernels.cpu_decoder": {
+            "minillm.kernels.cpu_decoder.CpuDecoder": (
+                "cpu_decoder.html#cpudecoder",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CpuDecoder.__init__": (
+                "cpu_decoder.html#cpudecoder.__init__",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CpuDecoder.can_run": (
+                "cpu_decoder.html#cpudecoder.can_run",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CpuDecoder.for_model": (
+                "cpu_decoder.html#cpudecoder.for_model",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CpuDecoder.forward": (
+                "cpu_decoder.html#cpudecoder.forward",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.PanelLinear": (
+                "cpu_decoder.html#panellinear",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.PanelLinear.__init__": (
+                "cpu_decoder.html#panellinear.__init__",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.PanelLinear.forward": (
+                "cpu_decoder.html#panellinear.forward",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.load_decoder_kernels": (
+                "cpu_decoder.html#load_decoder_kernels",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.pack_panel_weights": (
+                "cpu_decoder.html#pack_panel_weights",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.prepare_cpu_model": (
+                "cpu_decoder.html#prepare_cpu_model",
+                "minillm/kernels/cpu_decoder.py",
             ),
         },
         "minillm.kernels.cpu_linear": {

@@ -197,15 +197,15 @@ def test_a_failing_request_fails_alone(random_llama):
     their exact tokens."""
     path, hf = random_llama
     llm = LLM(str(path), max_num_batched_tokens=64)
-    model = llm.engine.model
-    forward = model.forward
+    runner = llm.engine.runner
+    forward = runner.forward  # every step's one way to the model, op by op or in one call (8d)
 
-    def poisoned(input_ids, positions, attn):
-        if (input_ids == POISON).any():
+    def poisoned(batch):
+        if (batch.input_ids == POISON).any():
             raise RuntimeError("poisoned batch")
-        return forward(input_ids, positions, attn)
+        return forward(batch)
 
-    model.forward = poisoned
+    runner.forward = poisoned
     prompts = [[5, 6, 7, 8] * 5, [9, POISON, 11], [12, 13] * 20, [POISON] * 3]
     outs = llm.generate(
         prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False

@@ -30,7 +30,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
-    enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (chapter 8c)
+    # never replay decode steps from CUDA graphs (chapter 8c) nor, on a CPU, run them as one C++
+    # call (chapter 8d): every step op by op
+    enforce_eager: bool = False
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
     tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
     quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits (chapter 13)

@@ -180,7 +180,7 @@ class LLMEngine:
             cfg,
             num_kv_blocks=num_blocks,
             attention_backend=self.runner.attention_backend,
-            enforce_eager=self.runner.graphs is None,
+            enforce_eager=self.runner.graphs is None and self.runner.decoder is None,
         )
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.proposer = None

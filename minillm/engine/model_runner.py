@@ -231,21 +231,22 @@ class ModelRunner:
         max_model_len: int | None = None,
         seed: int = 0,
         kv_cache_dtype: str = "auto",
+        fused_cpu_step: bool = True,
     ):
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         # the noise of requests without a seed
         self.generator = torch.Generator(self.device).manual_seed(seed)
-        self.packed_linears = 0
-        if self.device.type == "cpu":  # chapter 8a: weights in oneDNN's layout, where supported
-            from minillm.kernels.cpu_linear import pack_linear_weights
-
-            self.packed_linears = pack_linear_weights(model)
-
         self.attention_backend = resolve_attention_backend(
             attention_backend, self.device, model.config.head_dim, kv_cache_dtype
         )
         self.backend = load_attention_backend(self.attention_backend)
+        self.packed_linears, self.decoder = 0, None
+        if self.device.type == "cpu":  # chapters 8a and 8d: weights in the CPU's best layout
+            from minillm.kernels.cpu_decoder import prepare_cpu_model
+
+            fused = fused_cpu_step and self.attention_backend == "cpu"
+            self.packed_linears, self.decoder = prepare_cpu_model(model, fused)
         if self.attention_backend == "triton" and self.device.type == "cuda":
             # chapter 8b: refuse, before the pool is allocated, a kernel this GPU cannot launch
             from minillm.kernels.aot import Target, check_attention_launches
@@ -315,11 +316,12 @@ class ModelRunner:
         "Nothing to stop here; chapter 11's tensor-parallel runner stops its worker processes."
 
     def forward(self, batch: FlatBatch) -> torch.Tensor:
-        """One eager forward pass over a flat batch: the logits at `batch.logits_indices` (each
-        sequence's last new token, and its draft tokens' predecessors)."""
-        hidden = self.model(
-            batch.input_ids,
-            batch.positions,
-            PagedAttention(self.cache, batch.metadata, self.backend),
-        )
+        """One forward pass over a flat batch: the logits at `batch.logits_indices` (each
+        sequence's last new token, and its draft tokens' predecessors). On a CPU, batches chapter
+        8d's decoder takes run as one C++ call; the rest op by op."""
+        if self.decoder is not None and self.decoder.can_run(batch, self.cache):
+            hidden = self.decoder.forward(batch, self.cache)  # chapter 8d: one C++ call
+        else:
+            attention = PagedAttention(self.cache, batch.metadata, self.backend)
+            hidden = self.model(batch.input_ids, batch.positions, attention)
         return self.model.compute_logits(hidden[batch.logits_indices])

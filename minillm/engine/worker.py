@@ -108,6 +108,7 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
         cfg.block_size,
         cfg.attention_backend,
         cuda_graph_max_batch=0 if cfg.enforce_eager or tp else cfg.max_num_seqs,
+        fused_cpu_step=not cfg.enforce_eager,
         max_model_len=max_model_len,
         seed=cfg.seed,
         kv_cache_dtype=cfg.kv_cache_dtype,

@@ -6,9 +6,11 @@
 __all__ = [
     "logger",
     "CPU_ATTENTION_SOURCE",
+    "CPU_FLAGS",
     "MAX_KERNEL_ROWS",
     "CPU_ATTENTION",
     "kernels_build_dir",
+    "build_cpu_extension",
     "load_cpu_kernels",
     "cpu_kernels_available",
     "CPUPlan",
@@ -251,24 +253,25 @@ TORCH_LIBRARY(minillm, m) {
 TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("paged_decode", &paged_decode); }
 """
 
-
 # %% ../../nbs/08a_cpu_attention.ipynb #21c4a8e5
-def kernels_build_dir():
-    """Where the C++ kernels are built: one folder per source and torch install (two environments
+CPU_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+
+
+def kernels_build_dir(name: str = "cpu_attention", source: str = CPU_ATTENTION_SOURCE):
+    """Where a C++ extension is built: one folder per source and torch install (two environments
     sharing one would rebuild it in turn)."""
-    key = CPU_ATTENTION_SOURCE + torch.__version__ + torch.__file__
+    key = source + torch.__version__ + torch.__file__
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache_dir() / "extensions" / f"cpu_attention_{digest}"
+    return cache_dir() / "extensions" / f"{name}_{digest}"
 
 
-@functools.cache
-def load_cpu_kernels():
-    """Compile (once per machine; cached) and load the C++ attention kernels; raises if they cannot
-    be built."""
+def build_cpu_extension(name: str, source: str, flags: list[str] = CPU_FLAGS):
+    """Compile (once per machine and source; cached) and load a C++ extension that registers its
+    operators with torch; raises if it cannot be built."""
     from filelock import FileLock
     from torch.utils.cpp_extension import load_inline
 
-    build = kernels_build_dir()
+    build = kernels_build_dir(name, source)
     build.mkdir(parents=True, exist_ok=True)
     # One build at a time, under an OS lock that goes with its process. torch's own lock file
     # outlives a build that was killed, and every later load would wait on it forever.
@@ -277,11 +280,17 @@ def load_cpu_kernels():
         warnings.simplefilter("ignore")
         load_inline(
             name=f"minillm_{build.name}",
-            cpp_sources=[CPU_ATTENTION_SOURCE],
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+            cpp_sources=[source],
+            extra_cflags=flags,
             build_directory=str(build),
             is_python_module=False,
         )
+
+
+@functools.cache
+def load_cpu_kernels():
+    "Build (once) and load the C++ attention kernel; raises if it cannot be built."
+    build_cpu_extension("cpu_attention", CPU_ATTENTION_SOURCE)
     return torch.ops.minillm.paged_decode
 
 
