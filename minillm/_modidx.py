@@ -1554,6 +1554,10 @@ d = {
                 "cpu_attention.html#build_cpu_extension",
                 "minillm/kernels/cpu_attention.py",
             ),
+            "minillm.kernels.cpu_attention.cpu_flags": (
+                "cpu_attention.html#cpu_flags",
+                "minillm/kernels/cpu_attention.py",
+            ),
             "minillm.kernels.cpu_attention.cpu_kernels_available": (
                 "cpu_attention.html#cpu_kernels_available",
                 "minillm/kernels/cpu_attention.py",
@@ -1576,48 +1580,84 @@ d = {
             ),
         },
         "minillm.kernels.cpu_decoder": {
+            "minillm.kernels.cpu_decoder.BlockEmbedding": (
+                "cpu_decode.html#blockembedding",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.BlockEmbedding.__init__": (
+                "cpu_decode.html#blockembedding.__init__",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.BlockEmbedding.forward": (
+                "cpu_decode.html#blockembedding.forward",
+                "minillm/kernels/cpu_decoder.py",
+            ),
             "minillm.kernels.cpu_decoder.CpuDecoder": (
-                "cpu_decoder.html#cpudecoder",
+                "cpu_decode.html#cpudecoder",
                 "minillm/kernels/cpu_decoder.py",
             ),
             "minillm.kernels.cpu_decoder.CpuDecoder.__init__": (
-                "cpu_decoder.html#cpudecoder.__init__",
+                "cpu_decode.html#cpudecoder.__init__",
                 "minillm/kernels/cpu_decoder.py",
             ),
             "minillm.kernels.cpu_decoder.CpuDecoder.can_run": (
-                "cpu_decoder.html#cpudecoder.can_run",
+                "cpu_decode.html#cpudecoder.can_run",
                 "minillm/kernels/cpu_decoder.py",
             ),
             "minillm.kernels.cpu_decoder.CpuDecoder.for_model": (
-                "cpu_decoder.html#cpudecoder.for_model",
+                "cpu_decode.html#cpudecoder.for_model",
                 "minillm/kernels/cpu_decoder.py",
             ),
             "minillm.kernels.cpu_decoder.CpuDecoder.forward": (
-                "cpu_decoder.html#cpudecoder.forward",
+                "cpu_decode.html#cpudecoder.forward",
                 "minillm/kernels/cpu_decoder.py",
             ),
-            "minillm.kernels.cpu_decoder.PanelLinear": (
-                "cpu_decoder.html#panellinear",
+            "minillm.kernels.cpu_decoder.CpuLinear": (
+                "cpu_decode.html#cpulinear",
                 "minillm/kernels/cpu_decoder.py",
             ),
-            "minillm.kernels.cpu_decoder.PanelLinear.__init__": (
-                "cpu_decoder.html#panellinear.__init__",
+            "minillm.kernels.cpu_decoder.CpuLinear.__init__": (
+                "cpu_decode.html#cpulinear.__init__",
                 "minillm/kernels/cpu_decoder.py",
             ),
-            "minillm.kernels.cpu_decoder.PanelLinear.forward": (
-                "cpu_decoder.html#panellinear.forward",
+            "minillm.kernels.cpu_decoder.CpuLinear.forward": (
+                "cpu_decode.html#cpulinear.forward",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CpuLinear.from_float": (
+                "cpu_decode.html#cpulinear.from_float",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder._gguf_rows": (
+                "cpu_decode.html#_gguf_rows",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.block_embedding": (
+                "cpu_decode.html#block_embedding",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.block_linear": (
+                "cpu_decode.html#block_linear",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.decoder_kernels_available": (
+                "cpu_decode.html#decoder_kernels_available",
                 "minillm/kernels/cpu_decoder.py",
             ),
             "minillm.kernels.cpu_decoder.load_decoder_kernels": (
-                "cpu_decoder.html#load_decoder_kernels",
+                "cpu_decode.html#load_decoder_kernels",
                 "minillm/kernels/cpu_decoder.py",
             ),
             "minillm.kernels.cpu_decoder.pack_panel_weights": (
-                "cpu_decoder.html#pack_panel_weights",
+                "cpu_decode.html#pack_panel_weights",
                 "minillm/kernels/cpu_decoder.py",
             ),
             "minillm.kernels.cpu_decoder.prepare_cpu_model": (
-                "cpu_decoder.html#prepare_cpu_model",
+                "cpu_decode.html#prepare_cpu_model",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.served_by_blocks": (
+                "cpu_decode.html#served_by_blocks",
                 "minillm/kernels/cpu_decoder.py",
             ),
         },
@@ -2215,6 +2255,10 @@ d = {
             ),
             "minillm.quantization.loader.Int8Embedding.forward": (
                 "quantization.html#int8embedding.forward",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader._quantized_embedding": (
+                "quantization.html#_quantized_embedding",
                 "minillm/quantization/loader.py",
             ),
             "minillm.quantization.loader._quantized_linear": (

@@ -198,7 +198,7 @@ def test_a_failing_request_fails_alone(random_llama):
     path, hf = random_llama
     llm = LLM(str(path), max_num_batched_tokens=64)
     runner = llm.engine.runner
-    forward = runner.forward  # every step's one way to the model, op by op or in one call (8d)
+    forward = runner.forward  # every step's one way to the model, op by op or in one call (13b)
 
     def poisoned(batch):
         if (batch.input_ids == POISON).any():

@@ -31,8 +31,11 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
     # never replay decode steps from CUDA graphs (chapter 8c) nor, on a CPU, run them as one C++
-    # call (chapter 8d): every step op by op
+    # call (chapter 13b): every step op by op
     enforce_eager: bool = False
+    # CPU: chapter 13b's matmul kernels (float32 panels, GGUF blocks) and one-call decoder; False
+    # keeps PyTorch's own (chapter 8a's oneDNN layers, chapter 13's int8/int4 kernels)
+    cpu_kernels: bool = True
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
     tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
     quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits (chapter 13)
@@ -46,7 +49,7 @@ class EngineConfig:
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = self.dtype if self.dtype != "auto" else auto_dtype(device)
+        dtype = self.dtype if self.dtype != "auto" else auto_dtype(device, self.quantization)
         if dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
         if self.tensor_parallel_size < 1:
@@ -73,8 +76,11 @@ def cpu_has_native_bf16() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def auto_dtype(device: str) -> str:
-    "bfloat16 on GPUs and on CPUs with native bf16 (as vLLM's CPU backend does), else float32."
+def auto_dtype(device: str, quantization: str | None = None) -> str:
+    """bfloat16 on GPUs and on CPUs with native bf16 (as vLLM's CPU backend does), else float32;
+    float32 for a GGUF file's blocks on a CPU, which chapter 13b's kernels multiply in float32."""
+    if quantization == "gguf" and not device.startswith("cuda"):
+        return "float32"
     return "bfloat16" if device.startswith("cuda") or cpu_has_native_bf16() else "float32"
 
 

@@ -231,6 +231,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         seed: int = 0,
         kv_cache_dtype: str = "auto",
+        cpu_kernels: bool = True,
         fused_cpu_step: bool = True,
     ):
         p = next(model.parameters())
@@ -241,12 +242,16 @@ class ModelRunner:
             attention_backend, self.device, model.config.head_dim, kv_cache_dtype
         )
         self.backend = load_attention_backend(self.attention_backend)
-        self.packed_linears, self.decoder = 0, None
-        if self.device.type == "cpu":  # chapters 8a and 8d: weights in the CPU's best layout
+        self.decoder = None
+        if self.device.type == "cpu" and cpu_kernels:  # chapter 13b: our kernels, one call a step
             from minillm.kernels.cpu_decoder import prepare_cpu_model
 
             fused = fused_cpu_step and self.attention_backend == "cpu"
-            self.packed_linears, self.decoder = prepare_cpu_model(model, fused)
+            self.decoder = prepare_cpu_model(model, fused)
+        elif self.device.type == "cpu":  # chapter 8a: weights in oneDNN's layout, where supported
+            from minillm.kernels.cpu_linear import pack_linear_weights
+
+            pack_linear_weights(model)
         if self.attention_backend == "triton" and self.device.type == "cuda":
             # chapter 8b: refuse, before the pool is allocated, a kernel this GPU cannot launch
             from minillm.kernels.aot import Target, check_attention_launches
@@ -318,9 +323,9 @@ class ModelRunner:
     def forward(self, batch: FlatBatch) -> torch.Tensor:
         """One forward pass over a flat batch: the logits at `batch.logits_indices` (each
         sequence's last new token, and its draft tokens' predecessors). On a CPU, batches chapter
-        8d's decoder takes run as one C++ call; the rest op by op."""
+        13b's decoder takes run as one C++ call; the rest op by op."""
         if self.decoder is not None and self.decoder.can_run(batch, self.cache):
-            hidden = self.decoder.forward(batch, self.cache)  # chapter 8d: one C++ call
+            hidden = self.decoder.forward(batch, self.cache)  # chapter 13b: one C++ call
         else:
             attention = PagedAttention(self.cache, batch.metadata, self.backend)
             hidden = self.model(batch.input_ids, batch.positions, attention)

@@ -95,7 +95,8 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
     if cfg.quantization:  # chapter 13: weights in fewer bits
         from minillm.quantization.loader import load_quantized
 
-        model = load_quantized(cfg.quantization, cfg.model, model_path, dtype, device)
+        args = cfg.quantization, cfg.model, model_path, dtype, device, cfg.cpu_kernels
+        model = load_quantized(*args)
     else:
         model = (tp.load_model if tp else load_model)(model_path, dtype, device)
     num_blocks = cfg.num_kv_blocks or size_kv_pool(model, cfg, max_model_len, baseline)
@@ -108,6 +109,7 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
         cfg.block_size,
         cfg.attention_backend,
         cuda_graph_max_batch=0 if cfg.enforce_eager or tp else cfg.max_num_seqs,
+        cpu_kernels=cfg.cpu_kernels,
         fused_cpu_step=not cfg.enforce_eager,
         max_model_len=max_model_len,
         seed=cfg.seed,

@@ -6,9 +6,10 @@
 __all__ = [
     "logger",
     "CPU_ATTENTION_SOURCE",
-    "CPU_FLAGS",
+    "ISA_FLAGS",
     "MAX_KERNEL_ROWS",
     "CPU_ATTENTION",
+    "cpu_flags",
     "kernels_build_dir",
     "build_cpu_extension",
     "load_cpu_kernels",
@@ -23,6 +24,7 @@ import functools
 import hashlib
 import logging
 import math
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -254,20 +256,29 @@ TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("paged_decode", &paged_decode); }
 """
 
 # %% ../../nbs/08a_cpu_attention.ipynb #21c4a8e5
-CPU_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+ISA_FLAGS = {"native": "-march=native", "avx2": "-march=haswell"}
+
+
+def cpu_flags() -> list[str]:
+    """The compiler's flags: vectors as wide as this CPU has (`-march=native`), or AVX2's where
+    `MINILLM_CPU_ISA=avx2` asks (to run, and test, the narrower code on a wider CPU)."""
+    isa = os.environ.get("MINILLM_CPU_ISA", "native")
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"MINILLM_CPU_ISA must be one of {', '.join(ISA_FLAGS)}, not {isa!r}")
+    return ["-O3", ISA_FLAGS[isa], "-ffast-math", "-fopenmp"]
 
 
 def kernels_build_dir(name: str = "cpu_attention", source: str = CPU_ATTENTION_SOURCE):
-    """Where a C++ extension is built: one folder per source and torch install (two environments
-    sharing one would rebuild it in turn)."""
-    key = source + torch.__version__ + torch.__file__
+    """Where a C++ extension is built: one folder per source, compiler flags and torch install
+    (two environments sharing one would rebuild it in turn)."""
+    key = source + " ".join(cpu_flags()) + torch.__version__ + torch.__file__
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_dir() / "extensions" / f"{name}_{digest}"
 
 
-def build_cpu_extension(name: str, source: str, flags: list[str] = CPU_FLAGS):
-    """Compile (once per machine and source; cached) and load a C++ extension that registers its
-    operators with torch; raises if it cannot be built."""
+def build_cpu_extension(name: str, source: str):
+    """Compile (once per machine, source and flags; cached) and load a C++ extension that
+    registers its operators with torch; raises if it cannot be built."""
     from filelock import FileLock
     from torch.utils.cpp_extension import load_inline
 
@@ -281,7 +292,7 @@ def build_cpu_extension(name: str, source: str, flags: list[str] = CPU_FLAGS):
         load_inline(
             name=f"minillm_{build.name}",
             cpp_sources=[source],
-            extra_cflags=flags,
+            extra_cflags=cpu_flags(),
             build_directory=str(build),
             is_python_module=False,
         )

@@ -166,10 +166,31 @@ def _served_as_shipped(name: str, kind: str) -> bool:
     return kind == "Q8_0" if name == "token_embd.weight" else kind in ("Q4_0", "Q4_1")
 
 
-def load_gguf_quantized(gguf_path, config_dir) -> "CausalLM":
+def _quantized_embedding(g: GGUFTensors, name: str):
+    """The embedding and the LM head it implies when the two are tied: a Q8_0 table as
+    Int8Embedding, another as float; the head as Int8Linear, requantized per row."""
+    if g.kind(name) == "Q8_0":
+        q, d, _ = g.blocks(name)
+        table = blocks_to_float(q, d, None)
+        embedding = Int8Embedding(q, d)
+    else:
+        table = g.float(name)
+        embedding = nn.Embedding.from_pretrained(table, freeze=True)
+    return embedding, Int8Linear(*quantize_int8(table))
+
+
+def load_gguf_quantized(
+    gguf_path,
+    config_dir,
+    linear=_quantized_linear,
+    embedding=_quantized_embedding,
+    served=_served_as_shipped,
+) -> "CausalLM":
     """minillm's model with the weights of a GGUF file in the file's own formats: Q4_0/Q4_1 layers
     as Int4Linear, a Q8_0 embedding as Int8Embedding (its tied LM head as Int8Linear, requantized
-    per row), float tensors as float. CPU, float32 activations."""
+    per row), float tensors as float. CPU, float32 activations. `linear(g, names, rows, bias)`,
+    `embedding(g, name)` and `served(name, kind)` say how another set of kernels (chapter 13b's)
+    takes the tensors."""
     cfg = ModelConfig.from_hf(read_config(config_dir))
     g = GGUFTensors(gguf_path)
     with torch.device("meta"):
@@ -200,25 +221,18 @@ def load_gguf_quantized(gguf_path, config_dir) -> "CausalLM":
                 biases = [f"blk.{i}.{p}.bias" for _, p in sorted(pieces)]
                 bias = torch.cat([g.float(b) for b in biases]) if biases[0] in g.tensors else None
                 parent, attr = target.rsplit(".", 1)
-                setattr(layer.get_submodule(parent), attr, _quantized_linear(g, names, rows, bias))
+                setattr(layer.get_submodule(parent), attr, linear(g, names, rows, bias))
         model.model.norm.weight.copy_(g.float("output_norm.weight"))
-        embed = "token_embd.weight"
-        if g.kind(embed) == "Q8_0":
-            q, d, _ = g.blocks(embed)
-            model.model.embed_tokens = Int8Embedding(q, d)
-            table = blocks_to_float(q, d, None)
-        else:
-            table = g.float(embed)
-            model.model.embed_tokens = nn.Embedding.from_pretrained(table, freeze=True)
+        model.model.embed_tokens, tied_head = embedding(g, "token_embd.weight")
         if "output.weight" in g.tensors:
-            model.lm_head = _quantized_linear(g, ["output.weight"], [None], None)
-        else:  # tied: the embedding table, as int8 per row
-            model.lm_head = Int8Linear(*quantize_int8(table))
-    as_float = sorted({g.kind(n) for n in g.tensors if not _served_as_shipped(n, g.kind(n))})
+            model.lm_head = linear(g, ["output.weight"], [None], None)
+        else:  # tied: the head the embedding implies
+            model.lm_head = tied_head
+    as_float = sorted({g.kind(n) for n in g.tensors if not served(n, g.kind(n))})
     if as_float:
         logger.warning(
-            "%s: its %s tensors are not served in their own format (minillm reads Q4_0, Q4_1 and "
-            "Q8_0 blocks): they were dequantized to float32",
+            "%s: its %s tensors are not served in their own format by these kernels: they were "
+            "dequantized to float32",
             Path(gguf_path).name,
             ", ".join(as_float),
         )
@@ -270,11 +284,20 @@ def check_quantization(scheme: str, model, device: str, tensor_parallel_size: in
         )
 
 
-def load_quantized(scheme: str, model, model_path, dtype, device) -> CausalLM:
+def load_quantized(
+    scheme: str, model, model_path, dtype, device, cpu_kernels: bool = True
+) -> CausalLM:
     """The model with quantized weights: a GGUF file's own blocks ("gguf"), or a float checkpoint
-    quantized on load ("int8", "int4"). Float parameters in `dtype`; scales stay float32."""
+    quantized on load ("int8", "int4"). Float parameters in `dtype`; scales stay float32. On a
+    CPU in float32, `cpu_kernels` serves GGUF blocks through chapter 13b's kernels."""
     if scheme == "gguf":
-        quantized = load_gguf_quantized(model or default_gguf_path(), model_path)
+        kernels = {}  # chapter 13's layers, unless chapter 13b's kernels take the blocks
+        if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_kernels:
+            from minillm.kernels import cpu_decoder
+
+            if cpu_decoder.decoder_kernels_available():
+                kernels = cpu_decoder.GGUF_BLOCKS
+        quantized = load_gguf_quantized(model or default_gguf_path(), model_path, **kernels)
     else:
         quantized = quantize_model(load_model(model_path, torch.float32, device), scheme)
     for p in quantized.parameters():
