@@ -10,7 +10,7 @@ PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve run bench bench-online export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-compile gpu-compile-h200 gpu-check-dry lab lab-screenshot exercises test-vllm
+.PHONY: venv serve run bench bench-online bench-peers export clean readme nbs test lint test-nbs test-py docs preview screenshots gpu-check gpu-compile gpu-compile-h200 gpu-check-dry lab lab-screenshot exercises test-vllm
 
 venv: $(STAMP)
 
@@ -34,6 +34,15 @@ bench: $(STAMP)  ## offline throughput: minillm against transformers on the defa
 bench-online: $(STAMP)  ## online load test (Poisson rates) against the server that `make serve` runs on HOST:PORT
 	mkdir -p bench-results
 	$(BIN)/minillm bench online --base-url http://$(HOST):$(PORT)/v1 --ignore-eos --output bench-results/online.json --plot bench-results/online.png
+
+# Chapter 10's peers: vLLM's CPU build and llama.cpp (built from the llama-cpp-python sdist's vendored tree),
+# installed once into ~/.cache/minillm/peers, outside .venv (first run: 15-25 minutes on 2 cores, mostly compiling
+# llama.cpp; later runs skip every step whose stamp exists). Not part of `make test`.
+PEERS_ARGS ?=
+bench-peers: $(STAMP)  ## minillm against vLLM's CPU build and llama.cpp (f32 and Q4_1) on the same workloads, interleaved rounds, into bench-results/peers.json (PEERS_ARGS="--rounds 1 --engines minillm,llama_f32")
+	bash scripts/peers_setup.sh
+	mkdir -p bench-results
+	$(BIN)/python scripts/bench_peers.py --output bench-results/peers.json $(PEERS_ARGS)
 
 export: $(STAMP)  ## notebooks -> minillm/*.py (nbdev-export, which also formats them: minillm/_nbdev.py) and README.md
 	$(BIN)/nbdev-export
