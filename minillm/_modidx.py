@@ -1592,6 +1592,22 @@ d = {
                 "cpu_decode.html#blockembedding.forward",
                 "minillm/kernels/cpu_decoder.py",
             ),
+            "minillm.kernels.cpu_decoder.CoreGovernor": (
+                "cpu_decode.html#coregovernor",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CoreGovernor.__init__": (
+                "cpu_decode.html#coregovernor.__init__",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CoreGovernor._sample": (
+                "cpu_decode.html#coregovernor._sample",
+                "minillm/kernels/cpu_decoder.py",
+            ),
+            "minillm.kernels.cpu_decoder.CoreGovernor.update": (
+                "cpu_decode.html#coregovernor.update",
+                "minillm/kernels/cpu_decoder.py",
+            ),
             "minillm.kernels.cpu_decoder.CpuDecoder": (
                 "cpu_decode.html#cpudecoder",
                 "minillm/kernels/cpu_decoder.py",

@@ -144,7 +144,11 @@ def test_engine_through_the_decoder_equals_transformers(tmp_path, family):
 def test_enforce_eager_and_other_dtypes_keep_the_eager_path(tmp_path):
     save_random_model(tmp_path, "llama")
     word_tokenizer(256).save_pretrained(tmp_path)
-    assert LLM(str(tmp_path), enforce_eager=True).engine.runner.decoder is None
+    eager = LLM(str(tmp_path), enforce_eager=True).engine.runner
+    assert eager.decoder is None and eager.governor is not None
+    pytorch = LLM(str(tmp_path), cpu_kernels=False).engine.runner
+    assert pytorch.decoder is None and pytorch.governor is None
+    assert not any(type(m).__name__ == "CpuLinear" for m in pytorch.model.modules())
     assert LLM(str(tmp_path), dtype="bfloat16").engine.runner.decoder is None
     assert LLM(str(tmp_path), attention_backend="torch").engine.runner.decoder is None
     runner = LLM(str(tmp_path), kv_cache_dtype="int8").engine.runner

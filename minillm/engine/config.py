@@ -33,8 +33,8 @@ class EngineConfig:
     # never replay decode steps from CUDA graphs (chapter 8c) nor, on a CPU, run them as one C++
     # call (chapter 13b): every step op by op
     enforce_eager: bool = False
-    # CPU: chapter 13b's matmul kernels (float32 panels, GGUF blocks) and one-call decoder; False
-    # keeps PyTorch's own (chapter 8a's oneDNN layers, chapter 13's int8/int4 kernels)
+    # CPU: chapter 13b's matmul kernels (float32 panels, GGUF blocks), one-call decoder and thread
+    # governor; False keeps PyTorch's own (chapter 8a's oneDNN layers, chapter 13's int8/int4)
     cpu_kernels: bool = True
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
     tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)

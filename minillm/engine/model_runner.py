@@ -242,12 +242,12 @@ class ModelRunner:
             attention_backend, self.device, model.config.head_dim, kv_cache_dtype
         )
         self.backend = load_attention_backend(self.attention_backend)
-        self.decoder = None
+        self.decoder = self.governor = None
         if self.device.type == "cpu" and cpu_kernels:  # chapter 13b: our kernels, one call a step
-            from minillm.kernels.cpu_decoder import prepare_cpu_model
+            from minillm.kernels.cpu_decoder import CoreGovernor, prepare_cpu_model
 
             fused = fused_cpu_step and self.attention_backend == "cpu"
-            self.decoder = prepare_cpu_model(model, fused)
+            self.decoder, self.governor = prepare_cpu_model(model, fused), CoreGovernor()
         elif self.device.type == "cpu":  # chapter 8a: weights in oneDNN's layout, where supported
             from minillm.kernels.cpu_linear import pack_linear_weights
 
@@ -280,6 +280,8 @@ class ModelRunner:
         """Run one iteration; return the new tokens of each scheduled request: one when it samples,
         none for an unfinished prompt chunk (with draft tokens, chapter 12: the accepted drafts and
         one more)."""
+        if self.governor is not None:  # chapter 13b: threads for the cores others leave idle
+            self.governor.update()
         with record_function("minillm::prepare_inputs"):
             rows = [i for i, s in enumerate(out.samples) if s]
             prompt_logits = [r.needs_prompt_logits for r in out.requests]  # chapter 12b

@@ -22,11 +22,14 @@ __all__ = [
     "block_linear",
     "block_embedding",
     "served_by_blocks",
+    "CoreGovernor",
 ]
 
 # %% ../../nbs/13b_cpu_decode.ipynb #443ed901
 import functools
 import math
+import os
+import time
 
 import numpy as np
 import torch
@@ -221,6 +224,29 @@ inline float hsum(v16 v) {
 }
 #endif
 
+// One step of a 16 x 16 transpose: rows i and i + s (i without bit s) swap their off-diagonal
+// s-wide blocks. Steps of 8, 4, 2 and 1 transpose the tile: 64 two-register shuffles.
+#define MINILLM_LO(j) (((j) & s) ? 16 + (j) - s : (j))
+#define MINILLM_HI(j) (((j) & s) ? 16 + (j) : (j) + s)
+#define MINILLM_16(F) F(0), F(1), F(2), F(3), F(4), F(5), F(6), F(7), F(8), F(9), F(10), F(11), \
+                      F(12), F(13), F(14), F(15)
+template <int s>
+inline void swap_blocks(v16* r) {
+  for (int i = 0; i < 16; ++i)
+    if (!(i & s)) {
+      const v16 a = r[i], b = r[i + s];
+      r[i] = __builtin_shufflevector(a, b, MINILLM_16(MINILLM_LO));
+      r[i + s] = __builtin_shufflevector(a, b, MINILLM_16(MINILLM_HI));
+    }
+}
+
+inline void transpose16(v16* r) {
+  swap_blocks<8>(r);
+  swap_blocks<4>(r);
+  swap_blocks<2>(r);
+  swap_blocks<1>(r);
+}
+
 template <int64_t kind>
 inline void dequant32(const uint8_t* row, int64_t b, v16& lo, v16& hi) {
   if constexpr (kind == kFloatRows) {
@@ -361,10 +387,11 @@ struct Linear : torch::CustomClassHolder {
   }
 
   // outputs [a, a + 16) and [b, b + 16) for all T rows of x [T, k]: fn(row, out[32]) per row.
-  // Panels run the tile. GGUF rows, a few rows of x at a time: for a few rows in all, each run of
-  // 32 weights is dequantized into registers (block_rows_dots) as often as x needs; for more, the
-  // 32 weight rows are dequantized once, into a per-thread buffer of floats that stays in L1/L2,
-  // which the same loop then reads.
+  // Panels run the tile. GGUF rows: for a few rows of x, each run of 32 weights is dequantized
+  // into registers (block_rows_dots) and multiplied into each of them; for more, the 32 weight
+  // rows are dequantized once, turned into two panels in a per-thread buffer that stays in L1/L2
+  // (each 16 x 16 tile of dequantized rows transposed in registers), and the tile multiplies them
+  // as it multiplies float32 panels.
   template <typename Fn>
   void pair(int64_t a, int64_t b, const float* x, int64_t T, Fn&& fn) const {
     if (panels) {  // past the last panel: the last one again (its outputs are not used)
@@ -388,20 +415,27 @@ struct Linear : torch::CustomClassHolder {
     }
     thread_local std::vector<float> scratch;
     scratch.resize(2 * kLanes * k);
-    for (int half = 0; half < 2; ++half)
-      for_rows(half ? b : a, [&](const Segment& s, int64_t o, int64_t count) {
-        for (int64_t i = 0; i < count; ++i) {
-          const uint8_t* row = s.data + (o + i - s.first) * s.row_bytes;
-          float* f = scratch.data() + (half * kLanes + o + i - (half ? b : a)) * k;
-          for (int64_t blk = 0; blk < k / 32; ++blk) dequant(s.kind, row, blk, f + 32 * blk);
+    for (int half = 0; half < 2; ++half) {
+      const int64_t first = half ? b : a;
+      float* panel = scratch.data() + half * k * kLanes;
+      for (int64_t blk = 0; blk < k / 32; ++blk) {
+        v16 lo[kLanes], hi[kLanes];  // run blk of the 16 rows, as two 16 x 16 tiles
+        for (int64_t i = 0; i < kLanes; ++i) lo[i] = hi[i] = v16{};
+        for_rows(first, [&](const Segment& s, int64_t o, int64_t count) {
+          for (int64_t i = 0; i < count; ++i)
+            dequant_run(s.kind, s.data + (o + i - s.first) * s.row_bytes, blk, lo[o + i - first],
+                        hi[o + i - first]);
+        });
+        transpose16(lo);  // now lo[j] is input 32 blk + j of the 16 outputs: a panel line
+        transpose16(hi);
+        for (int64_t j = 0; j < kLanes; ++j) {
+          std::memcpy(panel + (32 * blk + j) * kLanes, &lo[j], sizeof(v16));
+          std::memcpy(panel + (32 * blk + kLanes + j) * kLanes, &hi[j], sizeof(v16));
         }
-      });
-    const uint8_t* rows = reinterpret_cast<const uint8_t*>(scratch.data());
-    for (int64_t m = 0; m < T; m += kRows) {
-      const int64_t n_x = std::min<int64_t>(kRows, T - m);
-      dots(kFloatRows, n_x, rows, 4 * k, 2 * kLanes, x + m * k, out[0]);
-      for (int64_t r = 0; r < n_x; ++r) fn(m + r, out[r]);
+      }
     }
+    const float* p[2] = {scratch.data(), scratch.data() + k * kLanes};
+    rows_times_panels(x, T, k, p, fn);
   }
 
   // fn(segment, first output, count) over outputs [o, o + 16) clipped to the layer, a run per
@@ -416,12 +450,14 @@ struct Linear : torch::CustomClassHolder {
   }
 
   static void dequant(int64_t kind, const uint8_t* row, int64_t b, float* w) {
-    auto run = [&](auto kind_c) {
-      v16 lo, hi;
-      dequant32<decltype(kind_c)::value>(row, b, lo, hi);
-      std::memcpy(w, &lo, sizeof(v16));
-      std::memcpy(w + kLanes, &hi, sizeof(v16));
-    };
+    v16 lo, hi;
+    dequant_run(kind, row, b, lo, hi);
+    std::memcpy(w, &lo, sizeof(v16));
+    std::memcpy(w + kLanes, &hi, sizeof(v16));
+  }
+
+  static void dequant_run(int64_t kind, const uint8_t* row, int64_t b, v16& lo, v16& hi) {
+    auto run = [&](auto kind_c) { dequant32<decltype(kind_c)::value>(row, b, lo, hi); };
     switch (kind) {
       case kQ8_0: return run(std::integral_constant<int64_t, kQ8_0>{});
       case kQ4_0: return run(std::integral_constant<int64_t, kQ4_0>{});
@@ -862,3 +898,49 @@ def served_by_blocks(name: str, kind: str) -> bool:
 
 # chapter 13's GGUF loader takes the tensors this way (its `load_quantized` asks for it)
 GGUF_BLOCKS = dict(linear=block_linear, embedding=block_embedding, served=served_by_blocks)
+
+
+# %% ../../nbs/13b_cpu_decode.ipynb #e5470409
+class CoreGovernor:
+    """Intra-op threads = the cores this process may run on that other processes leave idle,
+    re-read every `interval` seconds from /proc/stat (Linux; elsewhere it changes nothing)."""
+
+    def __init__(self, interval: float = 1.0, read_stat=None, process_seconds=None):
+        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+        self.max_threads = self.threads = torch.get_num_threads()
+        self.interval, self.tick = interval, os.sysconf("SC_CLK_TCK") if os.name == "posix" else 100
+        self.read_stat = read_stat or (lambda: open("/proc/stat").read())
+        self.process_seconds = process_seconds or (lambda: sum(os.times()[:2]))
+        self.last = self._sample()
+
+    def _sample(self):
+        "(time, seconds other processes at normal priority kept our cores busy, ours) or None."
+        try:
+            lines = self.read_stat().splitlines()
+        except OSError:
+            return None
+        busy = 0
+        for line in lines:
+            name, *ticks = line.split()
+            if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in self.cpus:
+                user, _nice, system, _idle, _iowait, irq, softirq, steal = map(int, ticks[:8])
+                busy += user + system + irq + softirq + steal
+        return time.monotonic(), busy / self.tick, self.process_seconds()
+
+    def update(self) -> int:
+        "The thread count to use now (changed at most once per interval)."
+        if (
+            self.last is None
+            or self.max_threads < 2
+            or time.monotonic() - self.last[0] < self.interval
+        ):
+            return self.threads
+        now = self._sample()
+        others = (now[1] - self.last[1] - (now[2] - self.last[2])) / (now[0] - self.last[0])
+        self.last = now
+        idle = len(self.cpus) - max(0.0, others)
+        threads = max(1, min(self.max_threads, round(idle)))
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
+        return threads
