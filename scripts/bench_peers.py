@@ -140,6 +140,11 @@ class MinillmEngine:
 
         return run_minillm(self.llm, w)
 
+    def pause(self):
+        "In this process: it takes no CPU between its turns."
+
+    resume = pause
+
     def close(self):
         self.llm.shutdown()
 
@@ -207,7 +212,14 @@ class VllmEngine:
         r = self._read(3600)
         return r["tokens"], r["seconds"]
 
+    def pause(self):
+        stop_group(self.proc, resume=False)
+
+    def resume(self):
+        stop_group(self.proc, resume=True)
+
     def close(self):
+        self.resume()
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps(dict(cmd="quit")) + "\n")
@@ -222,6 +234,14 @@ class VllmEngine:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
+
+
+def stop_group(proc, resume: bool):
+    """Freeze (SIGSTOP) or thaw (SIGCONT) an engine's whole process group: a loaded engine that
+    waits for its turn must not take CPU from the one being measured (vLLM's CPU worker spins on a
+    core while idle)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGCONT if resume else signal.SIGSTOP)
 
 
 def free_port():
@@ -309,7 +329,14 @@ class LlamaServerEngine:
             secs = time.perf_counter() - t
         return [o["tokens"] for o in outs], secs
 
+    def pause(self):
+        stop_group(self.proc, resume=False)
+
+    def resume(self):
+        stop_group(self.proc, resume=True)
+
     def close(self):
+        self.resume()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -552,6 +579,7 @@ def main():
                             f"at {probe.output_tokens / psecs:.1f} output tokens/s"
                         )
                         log(f"{name}: {skip[(name, 'mixed')]}")
+                eng.pause()
                 live[name] = eng
                 result["engines"][name] = cfg
             except Exception as e:
@@ -580,7 +608,9 @@ def main():
                         continue
                     load = os.getloadavg()[0]
                     try:
+                        live[name].resume()
                         tokens, secs = live[name].run(w)
+                        live[name].pause()
                     except Exception as e:
                         log(f"round {r} {wname} {name} failed: {e!r}")
                         entry.setdefault("errors", []).append(repr(e))

@@ -903,7 +903,10 @@ GGUF_BLOCKS = dict(linear=block_linear, embedding=block_embedding, served=served
 # %% ../../nbs/13b_cpu_decode.ipynb #e5470409
 class CoreGovernor:
     """Intra-op threads = the cores this process may run on that other processes leave idle,
-    re-read every `interval` seconds from /proc/stat (Linux; elsewhere it changes nothing)."""
+    re-read every `interval` seconds from /proc/stat (Linux; elsewhere it changes nothing).
+
+    A window longer than three intervals means the engine sat idle (it updates every step): what
+    others did then says little about now, so the window restarts, a tenth of an interval long."""
 
     def __init__(self, interval: float = 1.0, read_stat=None, process_seconds=None):
         self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
@@ -911,7 +914,7 @@ class CoreGovernor:
         self.interval, self.tick = interval, os.sysconf("SC_CLK_TCK") if os.name == "posix" else 100
         self.read_stat = read_stat or (lambda: open("/proc/stat").read())
         self.process_seconds = process_seconds or (lambda: sum(os.times()[:2]))
-        self.last = self._sample()
+        self.last, self.window = self._sample(), interval
 
     def _sample(self):
         "(time, seconds other processes at normal priority kept our cores busy, ours) or None."
@@ -932,10 +935,14 @@ class CoreGovernor:
         if (
             self.last is None
             or self.max_threads < 2
-            or time.monotonic() - self.last[0] < self.interval
+            or time.monotonic() - self.last[0] < self.window
         ):
             return self.threads
         now = self._sample()
+        if now[0] - self.last[0] > 3 * self.interval:
+            self.last, self.window = now, self.interval / 10
+            return self.threads
+        self.window = self.interval
         others = (now[1] - self.last[1] - (now[2] - self.last[2])) / (now[0] - self.last[0])
         self.last = now
         idle = len(self.cpus) - max(0.0, others)
