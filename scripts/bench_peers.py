@@ -376,6 +376,18 @@ def machine_info():
     )
 
 
+def round_peaks() -> dict:
+    """The read bandwidth and the float32 GEMM rate now, with every engine stopped: this machine's
+    move from minute to minute, so each round measures its own (best of 5 each; GEMMs of 512, 1024
+    and 2048, the best of them, since the fastest size also moves)."""
+    from minillm.bench.roofline import measure_bandwidth, measure_peak_flops
+
+    return dict(
+        bandwidth_gb_s=measure_bandwidth() / 1e9,
+        float32_gflops=max(measure_peak_flops(n) for n in (512, 1024, 2048)) / 1e9,
+    )
+
+
 def source_state():
     "The commit minillm was measured at, and its files that differ from it (what was measured)."
 
@@ -495,6 +507,7 @@ def main():
         engines={},
         results={e: {} for e in engines},
         order=[],
+        peaks_by_round=[],
         notes=[],
     )
 
@@ -590,6 +603,8 @@ def main():
         reference = {}  # workload -> minillm float32's tokens (its first run)
         names = [e for e in engines if e in live]
         for r in range(args.rounds):
+            result["peaks_by_round"].append(round_peaks())
+            log(f"round {r}: {result['peaks_by_round'][-1]}")
             for wname in workloads:
                 w = ws[wname]
                 k = r % len(names) if names else 0
