@@ -1003,6 +1003,18 @@ d = {
                 "beyond_one_engine.html#kvlink.group",
                 "minillm/engine/kv_transfer.py",
             ),
+            "minillm.engine.kv_transfer.KVLink.mac": (
+                "beyond_one_engine.html#kvlink.mac",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVLink.open": (
+                "beyond_one_engine.html#kvlink.open",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.KVLink.sign": (
+                "beyond_one_engine.html#kvlink.sign",
+                "minillm/engine/kv_transfer.py",
+            ),
             "minillm.engine.kv_transfer.KVProducer": (
                 "beyond_one_engine.html#kvproducer",
                 "minillm/engine/kv_transfer.py",
@@ -1039,6 +1051,10 @@ d = {
                 "beyond_one_engine.html#block_layout",
                 "minillm/engine/kv_transfer.py",
             ),
+            "minillm.engine.kv_transfer.byte_view": (
+                "beyond_one_engine.html#byte_view",
+                "minillm/engine/kv_transfer.py",
+            ),
             "minillm.engine.kv_transfer.check_kv_transfer": (
                 "beyond_one_engine.html#check_kv_transfer",
                 "minillm/engine/kv_transfer.py",
@@ -1049,6 +1065,10 @@ d = {
             ),
             "minillm.engine.kv_transfer.gather_blocks": (
                 "beyond_one_engine.html#gather_blocks",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.is_loopback": (
+                "beyond_one_engine.html#is_loopback",
                 "minillm/engine/kv_transfer.py",
             ),
             "minillm.engine.kv_transfer.make_kv_connector": (
@@ -1065,6 +1085,10 @@ d = {
             ),
             "minillm.engine.kv_transfer.split_address": (
                 "beyond_one_engine.html#split_address",
+                "minillm/engine/kv_transfer.py",
+            ),
+            "minillm.engine.kv_transfer.transfer_secret": (
+                "beyond_one_engine.html#transfer_secret",
                 "minillm/engine/kv_transfer.py",
             ),
             "minillm.engine.kv_transfer.transferred_tokens": (
@@ -1167,6 +1191,10 @@ d = {
             ),
             "minillm.engine.llm_engine.request_output": (
                 "engine.html#request_output",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.stop_all": (
+                "engine.html#stop_all",
                 "minillm/engine/llm_engine.py",
             ),
         },
@@ -1799,6 +1827,8 @@ d = {
         },
         "minillm.llm": {
             "minillm.llm.LLM": ("engine.html#llm", "minillm/llm.py"),
+            "minillm.llm.LLM.__enter__": ("engine.html#llm.__enter__", "minillm/llm.py"),
+            "minillm.llm.LLM.__exit__": ("engine.html#llm.__exit__", "minillm/llm.py"),
             "minillm.llm.LLM.__init__": ("engine.html#llm.__init__", "minillm/llm.py"),
             "minillm.llm.LLM._merge": ("engine.html#llm._merge", "minillm/llm.py"),
             "minillm.llm.LLM._run": ("engine.html#llm._run", "minillm/llm.py"),
@@ -1949,12 +1979,20 @@ d = {
                 "tensor_parallel.html#tensorparallel.__init__",
                 "minillm/parallel/executor.py",
             ),
+            "minillm.parallel.executor.TensorParallel._broadcast": (
+                "tensor_parallel.html#tensorparallel._broadcast",
+                "minillm/parallel/executor.py",
+            ),
             "minillm.parallel.executor.TensorParallel.check_workers": (
                 "tensor_parallel.html#tensorparallel.check_workers",
                 "minillm/parallel/executor.py",
             ),
             "minillm.parallel.executor.TensorParallel.failure": (
                 "tensor_parallel.html#tensorparallel.failure",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.TensorParallel.leave": (
+                "tensor_parallel.html#tensorparallel.leave",
                 "minillm/parallel/executor.py",
             ),
             "minillm.parallel.executor.TensorParallel.load_model": (
@@ -1987,6 +2025,10 @@ d = {
             ),
             "minillm.parallel.executor._init_watching": (
                 "tensor_parallel.html#_init_watching",
+                "minillm/parallel/executor.py",
+            ),
+            "minillm.parallel.executor.own_group": (
+                "tensor_parallel.html#own_group",
                 "minillm/parallel/executor.py",
             ),
             "minillm.parallel.executor.rank_device": (

@@ -96,6 +96,12 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
         str,
         "host:port of the KV transfer store, which the consumer hosts (chapter 14)",
     ),
+    "--kv-transfer-secret": (
+        "kv_transfer_secret",
+        str,
+        "the secret both KV transfer sides sign with; prefer MINILLM_KV_TRANSFER_SECRET, which "
+        "other users cannot read in the process list",
+    ),
 }
 
 

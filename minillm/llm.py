@@ -45,8 +45,15 @@ class LLM:
         return self.engine.config
 
     def shutdown(self):
-        "Stop the engine's worker processes, if it has any (chapter 11); safe to call twice."
+        """Stop the engine's worker processes, if it has any (chapter 11); safe to call twice.
+        Deleting the `LLM` (or leaving a `with LLM(...) as llm:` block) does it too."""
         self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
 
     def generate(
         self,

@@ -2,6 +2,7 @@
 decodes. Greedy tokens equal one engine's whatever happens to the transfer, and no block, copy or
 request is left behind on either side."""
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -165,8 +166,13 @@ def test_a_consumer_without_producer_computes_alone(model_dir):
         (dict(kv_role="both", kv_transfer_address="h:1"), "kv_role must be one of"),
         (dict(kv_role="consumer"), "needs kv_transfer_address"),
         (dict(kv_role="consumer", kv_transfer_address="localhost"), "must be host:port"),
-        (dict(kv_role="producer", kv_transfer_address="h:1", tensor_parallel_size=2), "tensor"),
-        (dict(kv_role="producer", kv_transfer_address="h:1", kv_cache_dtype="int8"), "dtype"),
+        (dict(kv_role="producer", kv_transfer_address="::1:1", tensor_parallel_size=2), "tensor"),
+        (
+            dict(kv_role="producer", kv_transfer_address="localhost:1", kv_cache_dtype="int8"),
+            "dtype",
+        ),
+        (dict(kv_role="consumer", kv_transfer_address="10.0.0.2:1"), "kv_transfer_secret"),
+        (dict(kv_role="consumer", kv_transfer_address="example.org:1"), "off loopback"),
     ],
 )
 def test_bad_kv_transfer_configs_are_refused(kwargs, message):
@@ -272,3 +278,100 @@ def test_unpulled_copies_never_outgrow_their_bound(engines):
     stats = consumer.kv_connector.stats()
     assert (stats["refused"] - refused, stats["done"] - done) == (1, 1)
     assert_nothing_left(producer, consumer, plain)
+
+
+def test_control_messages_open_only_for_their_peer_and_number():
+    from minillm.engine.kv_transfer import KVLink
+
+    ours = KVLink("127.0.0.1:1", "consumer", "s3cret")
+    peer = KVLink("127.0.0.1:1", "producer", "s3cret")
+    other = KVLink("127.0.0.1:1", "producer", "guess")
+    message = {"transfer_id": "t", "num_tokens": 40}
+    signed = peer.sign(7, message)
+    assert ours.open(7, signed.encode()) == message
+    for n, text in [
+        (8, signed),  # replayed under another number
+        (7, signed[:-5]),  # truncated
+        (7, other.sign(7, message)),  # the wrong secret
+        (7, signed.replace('\\"t\\"', '\\"u\\"')),  # altered
+        (7, json.dumps(message)),  # unsigned
+        (7, "\x00\xff garbage"),
+    ]:
+        with pytest.raises(PermissionError):
+            ours.open(n, text.encode(errors="surrogateescape"))
+
+
+def test_a_hostile_control_plane_changes_no_token(model_dir):
+    """A third party writes into the store while transfers run: random keys and values, pulls
+    and replies of its own, replays and truncations of the peers' messages, and a second producer
+    (the wrong secret) that holds another prompt's KV under the same transfer ids. Greedy tokens
+    equal one engine's; every block comes back on every side; the forgeries are counted."""
+    import datetime
+    import random
+    import threading
+
+    import torch.distributed as dist
+
+    address = f"127.0.0.1:{free_port()}"
+    kw = dict(model=str(model_dir), dtype="float32", kv_transfer_address=address)
+    consumer = LLMEngine(kv_role="consumer", num_kv_blocks=32, kv_transfer_secret="s3cret", **kw)
+    producer = LLMEngine(kv_role="producer", num_kv_blocks=64, kv_transfer_secret="s3cret", **kw)
+    rogue = LLMEngine(kv_role="producer", num_kv_blocks=64, kv_transfer_secret="guess", **kw)
+    plain = LLMEngine(model=str(model_dir), dtype="float32", num_kv_blocks=64)
+    for e in (consumer, producer, rogue):
+        e.kv_connector.link.timeout = datetime.timedelta(seconds=3)
+    stop, rng = threading.Event(), random.Random(0)
+
+    def fuzz():
+        host, port = address.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=5))
+        seen = []
+        while not stop.is_set():
+            n = store.add("pulls", 0)
+            for key in (f"pull{n}", f"reply{n}"):
+                if store.check([key]):
+                    try:
+                        seen.append(store.get(key))
+                    except Exception:  # deleted in between
+                        pass
+            key = f"{rng.choice(['pull', 'reply'])}{n + rng.randint(0, 3)}"
+            old = rng.choice(seen) if seen else b"{}"
+            value = rng.choice(
+                [
+                    old,  # a replay under another number
+                    old[: rng.randint(0, len(old))],  # truncated
+                    bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))),
+                    json.dumps({"status": "ok", "num_blocks": 1, "chunk_blocks": 1}).encode(),
+                ]
+            )
+            store.set(key, value)
+            store.set(f"junk{rng.randrange(10**6)}", value)
+            time.sleep(0.01)
+
+    prompts = [
+        f"Story {i}: the lighthouse keeper counted ships until dawn. " * (2 + i) for i in range(4)
+    ]
+    want = expected(plain, prompts)
+    fuzzer = threading.Thread(target=fuzz, daemon=True)
+    try:
+        wait_for_producer(consumer)
+        fuzzer.start()
+        for i, p in enumerate(prompts):
+            params = {"transfer_id": f"h{i}"}
+            producer.add_request(p, SamplingParams(max_tokens=1), kv_transfer_params=params)
+            rogue.add_request(p[::-1], SamplingParams(max_tokens=1), kv_transfer_params=params)
+            drain(producer, rogue)
+        reqs = decode_all(consumer, prompts, "h")
+        assert [r.output_ids for r in reqs] == want
+        stop.set()
+        fuzzer.join(timeout=10)
+        forged = [e.kv_connector.stats()["unauthenticated"] for e in (consumer, producer, rogue)]
+        assert forged[1] > 0 and forged[2] > 0, forged  # both producers ignored forged pulls
+        assert_nothing_left(consumer, plain)
+        for e in (producer, rogue):
+            assert e.block_manager.num_free_blocks == e.block_manager.num_blocks
+            assert not e.has_unfinished_requests()
+    finally:
+        stop.set()
+        for e in (producer, rogue, consumer, plain):
+            e.shutdown()

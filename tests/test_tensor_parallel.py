@@ -234,3 +234,31 @@ def test_torchrun(tmp_path):
     assert len(tokens) == STEPS
     hf = load_hf_model(path, dtype=torch.float32)
     assert_equal_except_near_ties([SimpleNamespace(token_ids=tokens)], hf, [[5, 6, 7, 8]])
+
+
+def test_engines_release_their_workers(tmp_path):
+    """`with` releases the workers; so does deleting the LLM; and a name rebound to a new
+    tensor-parallel LLM (a notebook cell run twice) works while the old one still exists (each
+    engine's groups are its own), the old one's workers gone once it is collected."""
+    import gc
+
+    path = small_llama(tmp_path / "m", num_attention_heads=4, num_key_value_heads=2)
+    kw = dict(tensor_parallel_size=2, dtype="float32", num_kv_blocks=16)
+
+    def workers(llm):
+        return [p.pid for p, _ in llm.engine.runner.tp.workers]
+
+    with LLM(str(path), **kw) as llm:
+        first = workers(llm)
+        want = llm.generate([[5, 6, 7, 8]], GREEDY, use_tqdm=False)[0].token_ids
+    assert wait_gone(first), "a worker outlived its with block"
+    llm = LLM(str(path), **kw)
+    second = workers(llm)
+    llm = LLM(str(path), **kw)  # the cell again: both engines exist while the new one starts
+    gc.collect()
+    assert wait_gone(second), "the replaced engine's worker outlived it"
+    assert llm.generate([[5, 6, 7, 8]], GREEDY, use_tqdm=False)[0].token_ids == want
+    third = workers(llm)
+    del llm
+    gc.collect()
+    assert wait_gone(third), "a worker outlived its deleted LLM"

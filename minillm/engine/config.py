@@ -7,7 +7,7 @@ __all__ = ["EngineConfig", "cpu_has_native_bf16", "auto_dtype", "EngineDeadError
 
 # %% ../../nbs/07b_engine.ipynb #c79cbd4c
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +43,9 @@ class EngineConfig:
     speculative_config: dict | None = None  # draft tokens to verify per step (chapter 12)
     kv_role: str | None = None  # "producer" (prefills) or "consumer" (decodes) (chapter 14)
     kv_transfer_address: str | None = None  # host:port of the consumer's transfer store
+    # the secret both KV transfer sides sign their messages with (default: the environment's
+    # MINILLM_KV_TRANSFER_SECRET); needed off loopback; never printed
+    kv_transfer_secret: str | None = field(default=None, repr=False)
 
     def resolved(self) -> "EngineConfig":
         "A copy with 'auto' settled for this machine."

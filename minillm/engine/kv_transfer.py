@@ -6,12 +6,16 @@
 __all__ = [
     "logger",
     "KV_ROLES",
+    "SECRET_ENV",
     "transferred_tokens",
     "gather_blocks",
     "scatter_blocks",
+    "byte_view",
     "block_layout",
     "prompt_digest",
     "split_address",
+    "is_loopback",
+    "transfer_secret",
     "check_kv_transfer",
     "check_kv_transfer_params",
     "KVLink",
@@ -26,9 +30,13 @@ __all__ = [
 # %% ../../nbs/14_beyond_one_engine.ipynb #a5cc6d81
 import datetime
 import hashlib
+import hmac
+import ipaddress
 import json
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from collections import deque
@@ -45,6 +53,7 @@ from .scheduler import Scheduler
 logger = logging.getLogger("minillm.kv_transfer")
 
 KV_ROLES = ("producer", "consumer")  # ranks 0 and 1 of every transfer
+SECRET_ENV = "MINILLM_KV_TRANSFER_SECRET"
 
 
 def transferred_tokens(req: Request) -> int:
@@ -68,6 +77,11 @@ def scatter_blocks(cache: PagedKVCache, blocks: list[int], data: torch.Tensor):
     cache.v[:, idx] = data[:, 1].transpose(0, 1)
 
 
+def byte_view(t: torch.Tensor):
+    "The bytes of a contiguous CPU tensor, without a copy (for hashing)."
+    return t.view(torch.uint8).numpy()
+
+
 def block_layout(cache: PagedKVCache) -> dict:
     "What both pools must agree on for their blocks to be interchangeable."
     layers, _, block_size, kv_heads, head_dim = cache.k.shape
@@ -81,8 +95,8 @@ def block_layout(cache: PagedKVCache) -> dict:
 
 
 def prompt_digest(token_ids) -> str:
-    "A short fingerprint of token ids: both sides must hold the same prompt."
-    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:16]
+    "The SHA-256 of token ids, in full: both sides must hold the same prompt."
+    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()
 
 
 # %% ../../nbs/14_beyond_one_engine.ipynb #a999428f
@@ -94,13 +108,31 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def is_loopback(host: str) -> bool:
+    "Does `host` name this machine only (localhost, 127.0.0.0/8, ::1)?"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def transfer_secret(cfg) -> str | None:
+    "The configured secret, else the environment's."
+    return cfg.kv_transfer_secret or os.environ.get(SECRET_ENV) or None
+
+
 def check_kv_transfer(cfg):
     "Refuse a KV transfer setup this engine cannot run (`EngineConfig.resolved` calls it)."
     if cfg.kv_role not in KV_ROLES:
         raise ValueError(f"kv_role must be one of {KV_ROLES} or None, got {cfg.kv_role!r}")
     if cfg.kv_transfer_address is None:
         raise ValueError("kv_role needs kv_transfer_address (host:port of the consumer's store)")
-    split_address(cfg.kv_transfer_address)
+    host, _ = split_address(cfg.kv_transfer_address)
+    if not is_loopback(host) and transfer_secret(cfg) is None:
+        raise ValueError(
+            f"a KV transfer address off loopback ({host}) lets other machines write into the "
+            f"store: set kv_transfer_secret (or {SECRET_ENV}) to the same secret on both sides"
+        )
     if cfg.tensor_parallel_size != 1:
         raise ValueError("KV transfer needs tensor_parallel_size 1 (shards are not sent)")
     if cfg.kv_cache_dtype != "auto":
@@ -122,16 +154,24 @@ def check_kv_transfer_params(params, connector) -> dict:
 class KVLink:
     """What joins the two sides: a TCPStore the consumer hosts (the control plane) and a fresh
     two-rank gloo group for each transfer (the data plane), so a failed transfer breaks nothing
-    else."""
+    else. Every control message carries an HMAC under the shared secret (empty when none is set,
+    which only loopback allows) over its content and its sequence number."""
 
-    def __init__(self, address: str, role: str, timeout: float = 10.0):
+    def __init__(self, address: str, role: str, secret: str | None = None, timeout: float = 10.0):
         self.host, self.port = split_address(address)
         self.role, self.rank = role, KV_ROLES.index(role)
+        self.key = (secret or "").encode()
         self.timeout = datetime.timedelta(seconds=timeout)
         self.store: dist.TCPStore | None = None
+        self.socket: socket.socket | None = None
 
     def connect(self) -> dist.TCPStore:
-        "The consumer opens the store (failing now if the port is taken); the producer reaches it."
+        """The consumer opens the store on the address's own interface (a TCPStore alone listens
+        on all of them), failing now if the port is taken; the producer reaches it."""
+        listen_fd = None
+        if self.role == "consumer":
+            self.socket = socket.create_server((self.host, self.port))
+            listen_fd = self.socket.fileno()
         self.store = dist.TCPStore(
             self.host,
             self.port,
@@ -139,13 +179,43 @@ class KVLink:
             is_master=self.role == "consumer",
             timeout=self.timeout,
             wait_for_workers=False,
+            master_listen_fd=listen_fd,
         )
         return self.store
+
+    def mac(self, data) -> str:
+        "HMAC-SHA256 under the shared secret of bytes (or anything with the buffer protocol)."
+        return hmac.new(self.key, data, hashlib.sha256).hexdigest()
+
+    def sign(self, n: int, message: dict) -> str:
+        "Message `n` as JSON, with the HMAC of its content and `n`."
+        body = json.dumps(message, sort_keys=True)
+        return json.dumps({"body": body, "mac": self.mac(f"{n}:{body}".encode())})
+
+    def open(self, n: int, text: bytes) -> dict:
+        "The content of message `n`, or PermissionError if it was not signed for `n` by a peer."
+        try:
+            outer = json.loads(text)
+            body, mac = outer["body"], outer["mac"]
+            good = isinstance(mac, str) and hmac.compare_digest(
+                mac, self.mac(f"{n}:{body}".encode())
+            )
+            message = json.loads(body) if good else None
+        except (ValueError, TypeError, KeyError):
+            message = None
+        if not isinstance(message, dict):
+            raise PermissionError(f"control message {n} is not signed by a peer")
+        return message
 
     def group(self, n: int) -> dist.ProcessGroup:
         "The gloo group of transfer `n`: rank 0 is the producer, rank 1 the consumer."
         store = dist.PrefixStore(f"transfer{n}/", self.store)
-        return dist.ProcessGroupGloo(store, self.rank, 2, self.timeout)
+        if not is_loopback(self.host):
+            return dist.ProcessGroupGloo(store, self.rank, 2, self.timeout)
+        options = dist.ProcessGroupGloo._Options()  # on loopback, gloo listens there too
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=self.host)]
+        options._timeout = self.timeout
+        return dist.ProcessGroupGloo(store, self.rank, 2, options)
 
 
 class KVConnector:
@@ -159,14 +229,17 @@ class KVConnector:
         cache: PagedKVCache,
         scheduler: Scheduler,
         address: str,
+        secret: str | None = None,
         timeout: float = 10.0,
         chunk_blocks: int = 16,
     ):
         self.cache, self.scheduler = cache, scheduler
         self.block_size = scheduler.bm.block_size
-        self.link = KVLink(address, self.role, timeout)
+        self.link = KVLink(address, self.role, secret, timeout)
         self.chunk_blocks = chunk_blocks  # blocks per message
-        self.counts = dict.fromkeys(("done", "failed", "refused", "tokens"), 0)
+        # refused: the peer had no matching copy; unauthenticated: a message not signed by a peer
+        outcomes = ("done", "failed", "refused", "unauthenticated", "tokens")
+        self.counts = dict.fromkeys(outcomes, 0)
         self.peer_alive = False  # as last seen from the connector's thread
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-{self.role}", daemon=True)
@@ -203,12 +276,14 @@ class KVConnector:
     def close(self):
         self._closed.set()
         self._thread.join(timeout=self.link.timeout.total_seconds() + 1)
+        if self.link.socket is not None:
+            self.link.socket.close()
 
 
 def make_kv_connector(cfg, cache: PagedKVCache, scheduler: Scheduler) -> KVConnector:
     "The connector of `cfg.kv_role`, its thread started."
     cls = KVProducer if cfg.kv_role == "producer" else KVConsumer
-    return cls(cache, scheduler, cfg.kv_transfer_address).start()
+    return cls(cache, scheduler, cfg.kv_transfer_address, transfer_secret(cfg)).start()
 
 
 # %% ../../nbs/14_beyond_one_engine.ipynb #4e013366
@@ -288,7 +363,13 @@ class KVProducer(KVConnector):
                 continue
             n, pause = n + 1, 0.001
             try:
-                self._send(store, n, json.loads(store.get(f"pull{n}")))
+                pull = self.link.open(n, store.get(f"pull{n}"))
+            except PermissionError as e:
+                self.counts["unauthenticated"] += 1
+                logger.warning("%s: ignored", e)
+                continue
+            try:
+                self._send(store, n, pull)
             except Exception as e:
                 self.counts["failed"] += 1
                 logger.warning("KV transfer %d failed (%s: %s)", n, type(e).__name__, e)
@@ -307,8 +388,9 @@ class KVProducer(KVConnector):
         data = out.data[pull["start_block"] :] if status == "ok" else None
         reply = {"status": status, "chunk_blocks": self.chunk_blocks}
         if data is not None:
-            reply["num_blocks"] = len(data)
-        store.set(f"reply{n}", json.dumps(reply))
+            reply.update(num_blocks=len(data), layout=block_layout(self.cache))
+            reply["mac"] = self.link.mac(byte_view(data))  # the consumer checks what lands
+        store.set(f"reply{n}", self.link.sign(n, reply))
         if data is None:
             self.counts["refused"] += 1
             return
@@ -411,6 +493,9 @@ class KVConsumer(KVConnector):
             start = time.perf_counter()
             try:
                 job.data = self._pull(job)
+            except PermissionError as e:
+                self.counts["unauthenticated"] += 1
+                logger.warning("KV of request %s rejected (%s)", job.req.request_id, e)
             except LookupError as e:
                 self.counts["refused"] += 1
                 logger.warning(
@@ -452,20 +537,25 @@ class KVConsumer(KVConnector):
             digest=prompt_digest(req.token_ids[: job.num_tokens]),
             layout=block_layout(self.cache),
         )
-        store.set(f"pull{n}", json.dumps(pull))
+        store.set(f"pull{n}", self.link.sign(n, pull))
         try:
-            store.wait([f"reply{n}"])
-            reply = json.loads(store.get(f"reply{n}"))
+            store.wait([f"reply{n}"], self.link.timeout)
+            reply = self.link.open(n, store.get(f"reply{n}"))
         finally:
             store.delete_key(f"pull{n}")
             store.delete_key(f"reply{n}")
         if reply["status"] != "ok":
             raise LookupError(reply["status"])
+        blocks = cdiv(job.num_tokens, self.block_size) - job.start_block
+        if (reply["num_blocks"], reply["layout"]) != (blocks, pull["layout"]):
+            raise LookupError(f"{reply['num_blocks']} blocks of {reply['layout']}, not {blocks}")
         k = self.cache.k
-        data = torch.empty(reply["num_blocks"], 2, k.shape[0], *k.shape[2:], dtype=k.dtype)
+        data = torch.empty(blocks, 2, k.shape[0], *k.shape[2:], dtype=k.dtype)
         group = self.link.group(n)
         for tag, chunk in enumerate(data.split(reply["chunk_blocks"])):
             group.recv([chunk], 0, tag).wait()
+        if not hmac.compare_digest(reply["mac"], self.link.mac(byte_view(data))):
+            raise PermissionError(f"the blocks of transfer {n} are not the ones its reply signed")
         return data
 
     def close(self):

@@ -10,6 +10,7 @@ __all__ = [
     "request_output",
     "model_name",
     "IterationStats",
+    "stop_all",
     "LLMEngine",
 ]
 
@@ -19,6 +20,7 @@ import itertools
 import logging
 import re
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,6 +157,12 @@ class IterationStats:
     num_generation_tokens: int
 
 
+def stop_all(stops: list):
+    "Call each stop, newest first (what an engine started last depends on what it started first)."
+    while stops:
+        stops.pop()()
+
+
 class LLMEngine:
     "The inference loop: requests in, one scheduled forward pass per step, tokens out."
 
@@ -174,6 +182,9 @@ class LLMEngine:
             self.runner = start_tensor_parallel(cfg, self.model_path, self.max_model_len)
         else:
             self.runner = create_model_runner(cfg, self.model_path, self.max_model_len)
+        # what runs beside this process, stopped by shutdown() or when the engine is collected
+        self.stops = [self.runner.shutdown]
+        self._finalizer = weakref.finalize(self, stop_all, self.stops)
         self.model = self.runner.model
         num_blocks = self.runner.cache.num_blocks
         self.config = dataclasses.replace(
@@ -206,6 +217,7 @@ class LLMEngine:
             from minillm.engine.kv_transfer import make_kv_connector
 
             self.kv_connector = make_kv_connector(cfg, self.runner.cache, self.scheduler)
+            self.stops.append(self.kv_connector.close)
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self.last_iteration = IterationStats(0, 0, 0)  # the newest step's token counts
 
@@ -419,7 +431,6 @@ class LLMEngine:
         return request_output(req)
 
     def shutdown(self):
-        "Stop what the engine runs beside this process (chapter 11's workers); safe to call twice."
-        self.runner.shutdown()
-        if self.kv_connector is not None:
-            self.kv_connector.close()
+        """Stop what the engine runs beside this process (chapter 11's workers, chapter 14's
+        connector); safe to call twice. Garbage collection of the engine calls it too."""
+        self._finalizer()

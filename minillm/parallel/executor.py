@@ -7,10 +7,12 @@ __all__ = [
     "logger",
     "IDLE",
     "HANDOFF",
+    "COLLECTIVE",
     "to_device",
     "rank_device",
     "share_cpu_threads",
     "worker_errors",
+    "own_group",
     "within",
     "TensorParallel",
     "TPModelRunner",
@@ -25,6 +27,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import pickle
 import signal
 import threading
 import time
@@ -46,6 +49,7 @@ IDLE = datetime.timedelta(days=365)  # how long a worker waits for the next step
 # how long rank 0 waits for the workers to take a step: they are waiting for it, so longer means
 # one is stuck; the send then fails (EngineDeadError) instead of hanging, Ctrl-C included
 HANDOFF = datetime.timedelta(seconds=20)
+COLLECTIVE = datetime.timedelta(minutes=30)  # torch's default for a collective inside a step
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #476f32e8
@@ -94,6 +98,17 @@ def worker_errors(workers) -> str:
     return "; ".join(notes)
 
 
+def own_group(store, name: str, rank: int, size: int, device: torch.device, timeout):
+    """A process group over `store`'s keys under `name/`, torch's global state untouched (as vLLM's
+    stateless groups do): NCCL for CUDA tensors, gloo for CPU ones."""
+    store = dist.PrefixStore(f"{name}/", store)
+    if device.type != "cuda":
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, size, options)
+
+
 def within(seconds: float, fn) -> bool:
     "Run `fn` in a daemon thread; True if it returned (without raising) within `seconds`."
     done, ok = threading.Event(), []
@@ -113,15 +128,15 @@ def within(seconds: float, fn) -> bool:
 
 class TensorParallel(TPGroup):
     """A tensor-parallel group as the engine uses it: the counted collectives of `TPGroup`, the
-    step message from rank 0 to the workers (a CPU gloo group), and rank 0's worker processes."""
+    step message from rank 0 to the workers (a CPU gloo group), and rank 0's worker processes.
+    Its groups are its own, over its own store, not torch's process-wide default group: one
+    process may hold several engines, and one engine's shutdown leaves the others alone."""
 
-    def __init__(self, rank: int, size: int, device: torch.device, store=None):
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"store": store} if store is not None else {"init_method": "env://"}
-        dist.init_process_group(backend, rank=rank, world_size=size, **kwargs)
-        super().__init__(rank, size, dist.group.WORLD)
+    def __init__(self, rank: int, size: int, device: torch.device, store):
+        super().__init__(rank, size, own_group(store, "tp", rank, size, device, COLLECTIVE))
         # each rank's own wait: workers idle as long as the server does, rank 0 never hangs
-        self.control = dist.new_group(backend="gloo", timeout=HANDOFF if rank == 0 else IDLE)
+        wait = HANDOFF if rank == 0 else IDLE
+        self.control = own_group(store, "control", rank, size, torch.device("cpu"), wait)
         self.device, self.workers, self.broken, self.closed = device, [], False, False
 
     def load_model(self, model_path, dtype, device):
@@ -130,21 +145,37 @@ class TensorParallel(TPGroup):
     def min_over_ranks(self, n: int) -> int:
         "The smallest `n` of all ranks: every rank's KV pool must have the same number of blocks."
         t = torch.tensor([n], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MIN
+        self.group.allreduce([t], options).wait()
         return int(t)
 
     def make_runner(self, *args, **kwargs) -> "TPModelRunner":
         return TPModelRunner(self, *args, **kwargs)
 
     def send(self, message):
-        "Rank 0: hand every worker the next step's message (None: stop)."
-        dist.broadcast_object_list([message], src=0, group=self.control)
+        "Rank 0: hand every worker the next step's message (None: stop), pickled."
+        data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+        self._broadcast(torch.tensor([len(data)]))
+        self._broadcast(data)
 
     def receive(self):
         "A worker: wait for rank 0's next message."
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=self.control)
-        return box[0]
+        size = torch.zeros(1, dtype=torch.int64)
+        self._broadcast(size)
+        data = torch.empty(int(size), dtype=torch.uint8)
+        self._broadcast(data)
+        return pickle.loads(data.numpy().tobytes())
+
+    def _broadcast(self, t: torch.Tensor):
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.control.broadcast([t], options).wait()
+
+    def leave(self):
+        "Close this rank's side of both groups."
+        for group in (self.group, self.control):
+            group.shutdown()
 
     def check_workers(self):
         "Rank 0: raise if a worker it started has exited."
@@ -172,7 +203,8 @@ class TensorParallel(TPGroup):
             if p.is_alive():
                 p.kill()
                 p.join()
-        within(10, dist.destroy_process_group)  # a broken group may refuse or hang; we leave
+        atexit.unregister(self.shutdown)
+        within(10, self.leave)  # a broken group may refuse or hang; we leave
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #ab2931c8
@@ -210,7 +242,7 @@ def run_worker(tp: TensorParallel, cfg: EngineConfig, model_path, max_model_len:
         while (batch := tp.receive()) is not None:
             runner.forward(to_device(batch, runner.device))
     tp.closed = True
-    dist.destroy_process_group()
+    tp.leave()
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #a510dca3
@@ -271,11 +303,6 @@ def start_tensor_parallel(cfg: EngineConfig, model_path, max_model_len: int) -> 
     torchrun, the other ranks run their worker loop here and exit when rank 0 shuts down."""
     size = cfg.tensor_parallel_size
     check_tp_size(ModelConfig.from_hf(read_config(model_path)), size)
-    if dist.is_initialized():
-        raise RuntimeError(
-            "this process already belongs to a tensor-parallel group; call shutdown() on the "
-            "engine that owns it first"
-        )
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:  # launched by torchrun
         if int(os.environ["WORLD_SIZE"]) != size:
             raise ValueError(
@@ -286,7 +313,8 @@ def start_tensor_parallel(cfg: EngineConfig, model_path, max_model_len: int) -> 
         device = rank_device(cfg.device, local_rank)
         if device.type == "cpu":
             share_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", size)))
-        tp = TensorParallel(rank, size, device)
+        store, _, _ = next(dist.rendezvous("env://", rank, size))  # torchrun's MASTER_ADDR/PORT
+        tp = TensorParallel(rank, size, device, store)
         cfg = dataclasses.replace(cfg, device=str(device))
         if rank != 0:
             run_worker(tp, cfg, model_path, max_model_len)

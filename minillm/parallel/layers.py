@@ -149,7 +149,7 @@ class TPGroup:
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         "Sum `t` over the ranks, in place."
         start = time.perf_counter()
-        dist.all_reduce(t, group=self.group)
+        self.group.allreduce([t]).wait()
         self._count("all_reduce", t, start)
         return t
 
@@ -157,7 +157,9 @@ class TPGroup:
         "Every rank's `t`, in rank order, on rank 0; None on the others."
         start = time.perf_counter()
         parts = [torch.empty_like(t) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(t.contiguous(), parts, dst=0, group=self.group)
+        options = dist.GatherOptions()
+        options.rootRank = 0
+        self.group.gather([parts] if parts else [], [t.contiguous()], options).wait()
         self._count("gather", t, start)
         return parts
 
