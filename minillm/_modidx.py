@@ -2027,6 +2027,10 @@ d = {
                 "tensor_parallel.html#_init_watching",
                 "minillm/parallel/executor.py",
             ),
+            "minillm.parallel.executor.bound_store": (
+                "tensor_parallel.html#bound_store",
+                "minillm/parallel/executor.py",
+            ),
             "minillm.parallel.executor.own_group": (
                 "tensor_parallel.html#own_group",
                 "minillm/parallel/executor.py",
@@ -2387,6 +2391,19 @@ d = {
             ),
         },
         "minillm.router.app": {
+            "minillm.router.app.Relay": ("beyond_one_engine.html#relay", "minillm/router/app.py"),
+            "minillm.router.app.Relay.__call__": (
+                "beyond_one_engine.html#relay.__call__",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.Relay.__init__": (
+                "beyond_one_engine.html#relay.__init__",
+                "minillm/router/app.py",
+            ),
+            "minillm.router.app.Relay.release": (
+                "beyond_one_engine.html#relay.release",
+                "minillm/router/app.py",
+            ),
             "minillm.router.app.Router": ("beyond_one_engine.html#router", "minillm/router/app.py"),
             "minillm.router.app.Router.__init__": (
                 "beyond_one_engine.html#router.__init__",

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..parallel.executor import bound_store
 from .block_manager import cdiv
 from .kv_cache import PagedKVCache
 from .request import Request
@@ -168,19 +169,10 @@ class KVLink:
     def connect(self) -> dist.TCPStore:
         """The consumer opens the store on the address's own interface (a TCPStore alone listens
         on all of them), failing now if the port is taken; the producer reaches it."""
-        listen_fd = None
         if self.role == "consumer":
-            self.socket = socket.create_server((self.host, self.port))
-            listen_fd = self.socket.fileno()
-        self.store = dist.TCPStore(
-            self.host,
-            self.port,
-            None,
-            is_master=self.role == "consumer",
-            timeout=self.timeout,
-            wait_for_workers=False,
-            master_listen_fd=listen_fd,
-        )
+            self.store, self.socket = bound_store(self.host, self.port, None, self.timeout)
+        else:
+            self.store = dist.TCPStore(self.host, self.port, None, False, self.timeout)
         return self.store
 
     def mac(self, data) -> str:

@@ -12,6 +12,7 @@ __all__ = [
     "rank_device",
     "share_cpu_threads",
     "worker_errors",
+    "bound_store",
     "own_group",
     "within",
     "TensorParallel",
@@ -29,6 +30,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -98,6 +100,24 @@ def worker_errors(workers) -> str:
     return "; ".join(notes)
 
 
+def bound_store(host: str, port: int, world_size, timeout=dist.default_pg_timeout):
+    """A TCPStore server that listens on `host`'s interface only (alone, a TCPStore listens on
+    all of them), and the socket it listens on, which must outlive it. Port 0: a free one."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.create_server((host, port), family=family)
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+    )
+    return store, listener
+
+
 def own_group(store, name: str, rank: int, size: int, device: torch.device, timeout):
     """A process group over `store`'s keys under `name/`, torch's global state untouched (as vLLM's
     stateless groups do): NCCL for CUDA tensors, gloo for CPU ones."""
@@ -138,6 +158,7 @@ class TensorParallel(TPGroup):
         wait = HANDOFF if rank == 0 else IDLE
         self.control = own_group(store, "control", rank, size, torch.device("cpu"), wait)
         self.device, self.workers, self.broken, self.closed = device, [], False, False
+        self.listener: socket.socket | None = None  # rank 0's store's, when it started the workers
 
     def load_model(self, model_path, dtype, device):
         return load_model_shard(model_path, dtype, device, self)
@@ -176,6 +197,8 @@ class TensorParallel(TPGroup):
         "Close this rank's side of both groups."
         for group in (self.group, self.control):
             group.shutdown()
+        if self.listener is not None:
+            self.listener.close()
 
     def check_workers(self):
         "Rank 0: raise if a worker it started has exited."
@@ -323,7 +346,7 @@ def start_tensor_parallel(cfg: EngineConfig, model_path, max_model_len: int) -> 
         device = rank_device(cfg.device, 0)
         if device.type == "cpu":
             share_cpu_threads(size)
-        store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)
+        store, listener = bound_store("127.0.0.1", 0, size)
         ctx, workers = mp.get_context("spawn"), []
         for rank in range(1, size):
             receiver, sender = ctx.Pipe(duplex=False)
@@ -333,7 +356,7 @@ def start_tensor_parallel(cfg: EngineConfig, model_path, max_model_len: int) -> 
             sender.close()  # the worker holds the only writing end: its death closes the pipe
             workers.append((p, receiver))
         tp = _init_watching(lambda: TensorParallel(0, size, device, store), workers)
-        tp.workers = workers
+        tp.workers, tp.listener = workers, listener
         cfg = dataclasses.replace(cfg, device=str(device))
     try:
         runner = create_model_runner(cfg, model_path, max_model_len, tp)

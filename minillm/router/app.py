@@ -10,6 +10,7 @@ __all__ = [
     "error",
     "Router",
     "read_body",
+    "Relay",
     "relay",
     "add_forwarding_routes",
     "build_router_app",
@@ -81,6 +82,8 @@ class Router:
             "minillm_router_connect_failures", unreachable, ["replica"], registry=r
         )
         self.up = Gauge("minillm_router_replica_healthy", "1 if answering", ["replica"], registry=r)
+        sent = "Requests sent to the replica that have not finished"
+        self.in_flight = Gauge("minillm_router_in_flight", sent, ["replica"], registry=r)
 
     def choose(self, key: str, tried: set[str]) -> Replica | None:
         "The policy's choice among the healthy replicas not yet tried; None if there is none."
@@ -122,9 +125,11 @@ class Router:
             replica.in_flight += 1
             try:
                 upstream = await self.client.send(request, stream=True)
-            except httpx.TransportError as e:  # not reached: route around it until it answers
+            except BaseException as e:
                 replica.in_flight -= 1
-                replica.healthy = False
+                if not isinstance(e, httpx.TransportError):  # cancelled, or a bug: not ours
+                    raise
+                replica.healthy = False  # not reached: route around it until it answers
                 self.failed.labels(replica.url).inc()
                 logger.warning("replica %s unreachable (%s); trying another", replica.url, e)
                 continue
@@ -155,19 +160,33 @@ async def read_body(raw: HTTPRequest, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def relay(upstream: httpx.Response, replica: Replica) -> StreamingResponse:
-    "The replica's answer, byte for byte; closing it (done, or the client left) ends the request."
+class Relay(StreamingResponse):
+    """The replica's answer, byte for byte. However the response ends (done, the client left
+    before its first byte or midway, an error), the upstream stream is closed and the replica's
+    in-flight count given back, once: a body generator that never started would run no
+    `finally`."""
 
-    async def body():
+    def __init__(self, upstream: httpx.Response, replica: Replica):
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        super().__init__(upstream.aiter_raw(), status_code=upstream.status_code, headers=headers)
+        self.upstream, self.replica, self.released = upstream, replica, False
+
+    async def __call__(self, scope, receive, send):
         try:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
+            await super().__call__(scope, receive, send)
         finally:
-            await upstream.aclose()
-            replica.in_flight -= 1
+            await self.release()
 
-    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-    return StreamingResponse(body(), status_code=upstream.status_code, headers=headers)
+    async def release(self):
+        if not self.released:
+            self.released = True
+            self.replica.in_flight -= 1
+            await self.upstream.aclose()
+
+
+def relay(upstream: httpx.Response, replica: Replica) -> Relay:
+    "The replica's answer as the client's response (see `Relay`)."
+    return Relay(upstream, replica)
 
 
 def add_forwarding_routes(app: FastAPI, forward):
@@ -209,6 +228,8 @@ def build_router_app(router: Router) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
+        for r in router.replicas:
+            router.in_flight.labels(r.url).set(r.in_flight)
         return Response(generate_latest(router.registry), media_type="text/plain; version=0.0.4")
 
     return app
