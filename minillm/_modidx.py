@@ -2400,6 +2400,10 @@ d = {
                 "beyond_one_engine.html#relay.__init__",
                 "minillm/router/app.py",
             ),
+            "minillm.router.app.Relay.relayed": (
+                "beyond_one_engine.html#relay.relayed",
+                "minillm/router/app.py",
+            ),
             "minillm.router.app.Relay.release": (
                 "beyond_one_engine.html#relay.release",
                 "minillm/router/app.py",

@@ -247,6 +247,7 @@ def cmd_router(args):  # chapter 14
             "give running replicas (--replica URL, repeated) or --replicas N, not both"
         )
     policy_kwargs = {"balance": args.balance} if args.policy == "prefix_aware" else {}
+    policy_kwargs["read_timeout"] = args.read_timeout
     with ExitStack() as stack:
         urls = args.replica or start_replicas(stack, args.replicas, engine_argv(args))
         serve_router(args.host, args.port, urls, args.policy, args.log_level, **policy_kwargs)
@@ -473,6 +474,13 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=4,
         help="prefix_aware: most extra requests a replica takes for its cached prefix (default 4)",
+    )
+    r.add_argument(
+        "--read-timeout",
+        type=float,
+        default=600.0,
+        help="seconds of silence from a replica (before its headers or between chunks) after "
+        "which the request fails and the replica is marked unhealthy (default 600)",
     )
     r.add_argument("--log-level", default="info")
     add_engine_flags(r)

@@ -5,16 +5,21 @@ zero, as the router's /metrics and the replica's own count of open streams show.
 
 import asyncio
 import socket
+import sys
 import threading
 import time
+from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
+from openai import OpenAI
 
-from minillm.bench.online import free_port
+from minillm.bench.online import ServerProcess, free_port
 from minillm.router.app import Router, build_router_app
 
 
@@ -116,3 +121,88 @@ def test_a_client_that_leaves_leaks_nothing(fleet, when):
     with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": "x"}) as r:
         assert r.status_code == 200
         assert next(r.iter_raw())
+
+
+FAKE = str(Path(__file__).parent / "fake_replica.py")
+
+
+def fake_replica(stack: ExitStack, *flags: str) -> tuple[str, ServerProcess]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, FAKE, str(port), *flags]
+    return url, stack.enter_context(ServerProcess(cmd, f"{url}/v1", timeout=60))
+
+
+def start_router(urls, **kwargs) -> tuple[Router, str, uvicorn.Server]:
+    router = Router(urls, policy="round_robin", poll_interval=0.2, **kwargs)
+    port = free_port()
+    server = serve(build_router_app(router), port)
+    return router, f"http://127.0.0.1:{port}", server
+
+
+def wait_idle(router: Router, url: str):
+    deadline = time.monotonic() + 10
+    while router_in_flight(url):
+        assert time.monotonic() < deadline, [r.in_flight for r in router.replicas]
+        time.sleep(0.1)
+
+
+def test_a_replica_killed_midstream_is_an_error_event_then_routed_around():
+    with ExitStack() as stack:
+        (a, pa), (b, _) = fake_replica(stack, "--interval", "0.2"), fake_replica(stack)
+        router, url, server = start_router([a, b])
+        stack.callback(setattr, server, "should_exit", True)
+        client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        stream = client.completions.create(model="m", prompt="hi", max_tokens=20, stream=True)
+        got = []
+        with pytest.raises(openai.APIError, match="failed midway"):
+            for event in stream:
+                got.append(event.choices[0].text)
+                if len(got) == 3:
+                    pa.proc.kill()  # round robin sent the first request to a
+        assert len(got) >= 3
+        assert not router.replicas[0].healthy  # marked dead at once, before the next poll
+        for _ in range(3):  # every request now goes to b, streaming or not
+            assert client.completions.create(model="m", prompt="x", max_tokens=5).choices
+            events = client.completions.create(model="m", prompt="x", stream=True, max_tokens=5)
+            assert sum(1 for _ in events) == 20
+        wait_idle(router, url)
+
+
+def test_a_replica_that_hangs_times_out():
+    with ExitStack() as stack:
+        a, _ = fake_replica(stack, "--hang-after", "2")
+        router, url, server = start_router([a], read_timeout=1.0)
+        stack.callback(setattr, server, "should_exit", True)
+        client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        start = time.monotonic()
+        with pytest.raises(openai.APIError, match="failed midway"):
+            for _ in client.completions.create(model="m", prompt="hi", stream=True):
+                pass
+        assert time.monotonic() - start < 20  # the read timeout, not the client's
+        wait_idle(router, url)
+
+
+def test_a_router_restart_while_replicas_serve():
+    with ExitStack() as stack:
+        a, _ = fake_replica(stack)
+        router, url, server = start_router([a])
+        client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        assert client.completions.create(model="m", prompt="x").choices
+        server.should_exit = True  # the router goes away...
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+            except httpx.TransportError:
+                break
+            assert time.monotonic() < deadline, "the router did not stop"
+            time.sleep(0.1)
+        with pytest.raises(openai.APIConnectionError):
+            client.completions.create(model="m", prompt="x")
+        port = int(url.rsplit(":", 1)[1])
+        router2 = Router([a], policy="round_robin", poll_interval=0.2)
+        server2 = serve(build_router_app(router2), port)  # the same address again
+        stack.callback(setattr, server2, "should_exit", True)
+        assert client.completions.create(model="m", prompt="x").choices
+        assert sum(1 for _ in client.completions.create(model="m", prompt="x", stream=True)) == 20

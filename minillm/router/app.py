@@ -66,6 +66,7 @@ class Router:
         poll_interval: float = 0.5,
         api_key: str | None = None,
         max_body_bytes: int = 32 * 2**20,
+        read_timeout: float | None = 600.0,
         **policy_kwargs,
     ):
         if not urls:
@@ -74,7 +75,10 @@ class Router:
         self.policy = make_policy(policy, **policy_kwargs)
         self.poll_interval, self.api_key = poll_interval, api_key
         self.max_body_bytes = max_body_bytes
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        # a replica silent for read_timeout seconds (before its headers or between two chunks)
+        # is given up on and marked unhealthy until its /health answers again
+        timeout = httpx.Timeout(None, connect=5.0, read=read_timeout)
+        self.client = httpx.AsyncClient(timeout=timeout)
         self.registry = r = CollectorRegistry()
         self.routed = Counter("minillm_router_requests", "Requests sent", ["replica"], registry=r)
         unreachable = "Replicas that could not be reached"
@@ -168,8 +172,24 @@ class Relay(StreamingResponse):
 
     def __init__(self, upstream: httpx.Response, replica: Replica):
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        super().__init__(upstream.aiter_raw(), status_code=upstream.status_code, headers=headers)
+        super().__init__(self.relayed(), status_code=upstream.status_code, headers=headers)
         self.upstream, self.replica, self.released = upstream, replica, False
+
+    async def relayed(self):
+        """The replica's bytes. If it dies or stalls midway, the replica is marked unhealthy and a
+        stream ends with an error event (what vLLM sends, which the openai client raises as
+        APIError), so the client neither hangs nor takes a cut stream for a whole one."""
+        try:
+            async for chunk in self.upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as e:
+            self.replica.healthy = False
+            logger.warning("replica %s failed midway (%r)", self.replica.url, e)
+            if not self.headers.get("content-type", "").startswith("text/event-stream"):
+                raise
+            message = f"the replica serving this request failed midway ({type(e).__name__})"
+            event = {"error": {"message": message, "type": "server_error", "code": 502}}
+            yield f"\n\ndata: {json.dumps(event)}\n\n".encode()
 
     async def __call__(self, scope, receive, send):
         try:
