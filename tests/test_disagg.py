@@ -375,3 +375,18 @@ def test_a_hostile_control_plane_changes_no_token(model_dir):
         stop.set()
         for e in (producer, rogue, consumer, plain):
             e.shutdown()
+
+
+def test_a_deleted_consumer_releases_its_thread_and_port(model_dir):
+    import gc
+
+    address = f"127.0.0.1:{free_port()}"
+    kw = dict(model=str(model_dir), dtype="float32", num_kv_blocks=8)
+    consumer = LLMEngine(kv_role="consumer", kv_transfer_address=address, **kw)
+    thread = consumer.kv_connector._thread
+    del consumer
+    gc.collect()
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    consumer = LLMEngine(kv_role="consumer", kv_transfer_address=address, **kw)  # the port again
+    consumer.shutdown()

@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 from collections import deque
@@ -164,13 +163,12 @@ class KVLink:
         self.key = (secret or "").encode()
         self.timeout = datetime.timedelta(seconds=timeout)
         self.store: dist.TCPStore | None = None
-        self.socket: socket.socket | None = None
 
     def connect(self) -> dist.TCPStore:
         """The consumer opens the store on the address's own interface (a TCPStore alone listens
         on all of them), failing now if the port is taken; the producer reaches it."""
         if self.role == "consumer":
-            self.store, self.socket = bound_store(self.host, self.port, None, self.timeout)
+            self.store = bound_store(self.host, self.port, None, self.timeout)
         else:
             self.store = dist.TCPStore(self.host, self.port, None, False, self.timeout)
         return self.store
@@ -268,8 +266,7 @@ class KVConnector:
     def close(self):
         self._closed.set()
         self._thread.join(timeout=self.link.timeout.total_seconds() + 1)
-        if self.link.socket is not None:
-            self.link.socket.close()
+        self.link.store = None  # the consumer's store closes its port
 
 
 def make_kv_connector(cfg, cache: PagedKVCache, scheduler: Scheduler) -> KVConnector:

@@ -102,7 +102,8 @@ def worker_errors(workers) -> str:
 
 def bound_store(host: str, port: int, world_size, timeout=dist.default_pg_timeout):
     """A TCPStore server that listens on `host`'s interface only (alone, a TCPStore listens on
-    all of them), and the socket it listens on, which must outlive it. Port 0: a free one."""
+    all of them). Port 0: a free one. The store owns the listening socket and closes it when it
+    is destroyed, which frees the port."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     listener = socket.create_server((host, port), family=family)
     port = listener.getsockname()[1]
@@ -115,7 +116,8 @@ def bound_store(host: str, port: int, world_size, timeout=dist.default_pg_timeou
         wait_for_workers=False,
         master_listen_fd=listener.fileno(),
     )
-    return store, listener
+    listener.detach()  # the store's now: it closes the socket itself
+    return store
 
 
 def own_group(store, name: str, rank: int, size: int, device: torch.device, timeout):
@@ -158,7 +160,6 @@ class TensorParallel(TPGroup):
         wait = HANDOFF if rank == 0 else IDLE
         self.control = own_group(store, "control", rank, size, torch.device("cpu"), wait)
         self.device, self.workers, self.broken, self.closed = device, [], False, False
-        self.listener: socket.socket | None = None  # rank 0's store's, when it started the workers
 
     def load_model(self, model_path, dtype, device):
         return load_model_shard(model_path, dtype, device, self)
@@ -194,11 +195,10 @@ class TensorParallel(TPGroup):
         self.control.broadcast([t], options).wait()
 
     def leave(self):
-        "Close this rank's side of both groups."
+        "Close this rank's side of both groups, and drop them (and with them the store)."
         for group in (self.group, self.control):
             group.shutdown()
-        if self.listener is not None:
-            self.listener.close()
+        self.group = self.control = None
 
     def check_workers(self):
         "Rank 0: raise if a worker it started has exited."
@@ -346,7 +346,7 @@ def start_tensor_parallel(cfg: EngineConfig, model_path, max_model_len: int) -> 
         device = rank_device(cfg.device, 0)
         if device.type == "cpu":
             share_cpu_threads(size)
-        store, listener = bound_store("127.0.0.1", 0, size)
+        store = bound_store("127.0.0.1", 0, size)
         ctx, workers = mp.get_context("spawn"), []
         for rank in range(1, size):
             receiver, sender = ctx.Pipe(duplex=False)
@@ -356,7 +356,7 @@ def start_tensor_parallel(cfg: EngineConfig, model_path, max_model_len: int) -> 
             sender.close()  # the worker holds the only writing end: its death closes the pipe
             workers.append((p, receiver))
         tp = _init_watching(lambda: TensorParallel(0, size, device, store), workers)
-        tp.workers, tp.listener = workers, listener
+        tp.workers = workers
         cfg = dataclasses.replace(cfg, device=str(device))
     try:
         runner = create_model_runner(cfg, model_path, max_model_len, tp)

@@ -26,7 +26,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from minillm.router.app import (
     HOP_BY_HOP,
@@ -77,6 +77,9 @@ class DisaggProxy:
         self.requests = Counter(
             "minillm_disagg_requests", "Requests, by how they ran", ["mode"], registry=r
         )
+        sent = "Requests sent to the decode instance that have not finished"
+        self.in_flight = Gauge("minillm_disagg_in_flight", sent, registry=r)
+        self.in_flight.set_function(lambda: self.decode.in_flight)
 
     async def forward(self, raw: HTTPRequest, path: str) -> Response:
         content = await read_body(raw, self.max_body_bytes)
@@ -126,8 +129,10 @@ class DisaggProxy:
         self.decode.in_flight += 1
         try:
             upstream = await self.client.send(request, stream=True)
-        except httpx.TransportError as e:
+        except BaseException as e:
             self.decode.in_flight -= 1
+            if not isinstance(e, httpx.TransportError):  # cancelled, or a bug: not ours
+                raise
             return error(503, f"the decode instance is unreachable ({e}); retry later")
         return relay(upstream, self.decode)
 
