@@ -91,6 +91,9 @@ def test_transferred_prompts_decode_like_one_engine(engines):
     want = expected(plain, PROMPTS)
     prefill_all(producer, PROMPTS, "a")
     before = consumer.kv_connector.stats()
+    link, made = consumer.kv_connector.link, []
+    make_group = link.group
+    link.group = lambda n: made.append(n) or make_group(n)
     # the consumer's pool (12 blocks) holds two at a time: landed requests wait for room
     reqs = decode_all(consumer, PROMPTS, "a")
     assert [r.output_ids for r in reqs] == want
@@ -99,6 +102,9 @@ def test_transferred_prompts_decode_like_one_engine(engines):
     sent = sum(r.prompt_len - 1 - r.num_cached_tokens for r in reqs if r.prompt_len > 1)
     assert after["tokens"] - before["tokens"] == sent
     assert producer.kv_connector.stats()["tokens"] == consumer.kv_connector.stats()["tokens"]
+    # the three transfers went over one data-plane group, which both sides still hold
+    assert len(made) <= 1, made
+    assert consumer.kv_connector.group_id == producer.kv_connector.group_id is not None
     assert_nothing_left(producer, consumer, plain)
 
 

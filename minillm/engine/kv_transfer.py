@@ -152,10 +152,11 @@ def check_kv_transfer_params(params, connector) -> dict:
 
 
 class KVLink:
-    """What joins the two sides: a TCPStore the consumer hosts (the control plane) and a fresh
-    two-rank gloo group for each transfer (the data plane), so a failed transfer breaks nothing
-    else. Every control message carries an HMAC under the shared secret (empty when none is set,
-    which only loopback allows) over its content and its sequence number."""
+    """What joins the two sides: a TCPStore the consumer hosts (the control plane) and a two-rank
+    gloo group (the data plane), made by one transfer and reused by the next ones until a transfer
+    fails on either side; the group is named by the transfer that made it, unique in the store.
+    Every control message carries an HMAC under the shared secret (empty when none is set, which
+    only loopback allows) over its content and its sequence number."""
 
     def __init__(self, address: str, role: str, secret: str | None = None, timeout: float = 10.0):
         self.host, self.port = split_address(address)
@@ -198,7 +199,7 @@ class KVLink:
         return message
 
     def group(self, n: int) -> dist.ProcessGroup:
-        "The gloo group of transfer `n`: rank 0 is the producer, rank 1 the consumer."
+        "The gloo group that transfer `n` makes: rank 0 is the producer, rank 1 the consumer."
         store = dist.PrefixStore(f"transfer{n}/", self.store)
         if not is_loopback(self.host):
             return dist.ProcessGroupGloo(store, self.rank, 2, self.timeout)
@@ -230,6 +231,9 @@ class KVConnector:
         # refused: the peer had no matching copy; unauthenticated: a message not signed by a peer
         outcomes = ("done", "failed", "refused", "unauthenticated", "tokens")
         self.counts = dict.fromkeys(outcomes, 0)
+        # the data plane's group, reused while transfers succeed, and the transfer that made it
+        self.group: dist.ProcessGroup | None = None
+        self.group_id: int | None = None
         self.peer_alive = False  # as last seen from the connector's thread
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-{self.role}", daemon=True)
@@ -360,6 +364,7 @@ class KVProducer(KVConnector):
             try:
                 self._send(store, n, pull)
             except Exception as e:
+                self.group = self.group_id = None  # the next transfer makes a new one
                 self.counts["failed"] += 1
                 logger.warning("KV transfer %d failed (%s: %s)", n, type(e).__name__, e)
 
@@ -376,16 +381,19 @@ class KVProducer(KVConnector):
             status = "ok"
         data = out.data[pull["start_block"] :] if status == "ok" else None
         reply = {"status": status, "chunk_blocks": self.chunk_blocks}
+        reuse = self.group is not None and pull["group"] == self.group_id
         if data is not None:
             reply.update(num_blocks=len(data), layout=block_layout(self.cache))
             reply["mac"] = self.link.mac(byte_view(data))  # the consumer checks what lands
+            reply["group"] = self.group_id if reuse else n
         store.set(f"reply{n}", self.link.sign(n, reply))
         if data is None:
             self.counts["refused"] += 1
             return
-        group = self.link.group(n)
+        if not reuse:  # the consumer has none, or another: both make transfer n's
+            self.group, self.group_id = self.link.group(n), n
         for tag, chunk in enumerate(data.split(self.chunk_blocks)):
-            group.send([chunk], 1, tag).wait()
+            self.group.send([chunk], 1, tag).wait()
         self.counts["done"] += 1
         self.counts["tokens"] += out.num_tokens - pull["start_block"] * self.block_size
 
@@ -483,6 +491,7 @@ class KVConsumer(KVConnector):
             try:
                 job.data = self._pull(job)
             except PermissionError as e:
+                self.group = self.group_id = None
                 self.counts["unauthenticated"] += 1
                 logger.warning("KV of request %s rejected (%s)", job.req.request_id, e)
             except LookupError as e:
@@ -491,6 +500,7 @@ class KVConsumer(KVConnector):
                     "KV of request %s refused (%s); computing it here", job.req.request_id, e
                 )
             except Exception as e:
+                self.group = self.group_id = None  # the next pull asks for a new group
                 self.counts["failed"] += 1
                 logger.warning(
                     "KV transfer of request %s failed (%s: %s); computing it here",
@@ -525,6 +535,7 @@ class KVConsumer(KVConnector):
             num_tokens=job.num_tokens,
             digest=prompt_digest(req.token_ids[: job.num_tokens]),
             layout=block_layout(self.cache),
+            group=self.group_id,  # the group this side holds, if any
         )
         store.set(f"pull{n}", self.link.sign(n, pull))
         try:
@@ -540,9 +551,10 @@ class KVConsumer(KVConnector):
             raise LookupError(f"{reply['num_blocks']} blocks of {reply['layout']}, not {blocks}")
         k = self.cache.k
         data = torch.empty(blocks, 2, k.shape[0], *k.shape[2:], dtype=k.dtype)
-        group = self.link.group(n)
+        if reply["group"] != self.group_id:
+            self.group, self.group_id = self.link.group(reply["group"]), reply["group"]
         for tag, chunk in enumerate(data.split(reply["chunk_blocks"])):
-            group.recv([chunk], 0, tag).wait()
+            self.group.recv([chunk], 0, tag).wait()
         if not hmac.compare_digest(reply["mac"], self.link.mac(byte_view(data))):
             raise PermissionError(f"the blocks of transfer {n} are not the ones its reply signed")
         return data
