@@ -2027,10 +2027,6 @@ d = {
                 "tensor_parallel.html#_init_watching",
                 "minillm/parallel/executor.py",
             ),
-            "minillm.parallel.executor.bound_store": (
-                "tensor_parallel.html#bound_store",
-                "minillm/parallel/executor.py",
-            ),
             "minillm.parallel.executor.own_group": (
                 "tensor_parallel.html#own_group",
                 "minillm/parallel/executor.py",
@@ -2161,6 +2157,12 @@ d = {
                 "tensor_parallel.html#valid_tp_sizes",
                 "minillm/parallel/layers.py",
             ),
+        },
+        "minillm.parallel.store": {
+            "minillm.parallel.store.bound_store": (
+                "tensor_parallel.html#bound_store",
+                "minillm/parallel/store.py",
+            )
         },
         "minillm.quantization.kv_cache": {
             "minillm.quantization.kv_cache.QuantizedKVCache": (
@@ -2446,7 +2448,6 @@ d = {
                 "beyond_one_engine.html#read_body",
                 "minillm/router/app.py",
             ),
-            "minillm.router.app.relay": ("beyond_one_engine.html#relay", "minillm/router/app.py"),
             "minillm.router.app.replica_command": (
                 "beyond_one_engine.html#replica_command",
                 "minillm/router/app.py",

@@ -185,13 +185,16 @@ from minillm.kernels.cpu_attention import cpu_flags
 from minillm.kernels.cpu_decoder import GGUF_KINDS, CpuLinear
 from test_cpu_decoder import random_blocks
 assert "-march=haswell" in cpu_flags()
+torch.manual_seed(0)
 for kind in sorted(GGUF_KINDS):
     k = 512
     blocks, floats = random_blocks(kind, 37, k, 0)
     for x_rows in (1, 3, 6, 9, 40):
         x = torch.randn(x_rows, k)
-        torch.testing.assert_close(CpuLinear([blocks], [GGUF_KINDS[kind]], k, 37)(x), x @ floats.T,
-                                   rtol=1e-4, atol=1e-4)
+        err = (CpuLinear([blocks], [GGUF_KINDS[kind]], k, 37)(x) - x @ floats.T).abs()
+        # a sum of k products, added in another order: its error scales with the sum of |products|
+        # (4.3e-7 of it at worst against float64 over 30 seeds)
+        assert bool((err <= 1e-5 * (x.abs() @ floats.abs().T) + 1e-6).all()), (kind, x_rows)
 w = torch.randn(40, 24)
 for x_rows in (1, 5, 11):
     x = torch.randn(x_rows, 24)

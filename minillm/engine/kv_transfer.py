@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..parallel.executor import bound_store
+from ..parallel.store import bound_store
 from .block_manager import cdiv
 from .kv_cache import PagedKVCache
 from .request import Request

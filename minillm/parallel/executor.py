@@ -12,7 +12,6 @@ __all__ = [
     "rank_device",
     "share_cpu_threads",
     "worker_errors",
-    "bound_store",
     "own_group",
     "within",
     "TensorParallel",
@@ -30,7 +29,6 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import threading
 import time
 import traceback
@@ -45,6 +43,7 @@ from ..engine.worker import create_model_runner
 from ..loader import read_config
 from ..model import ModelConfig
 from .layers import TPGroup, check_tp_size, load_model_shard
+from .store import bound_store
 
 logger = logging.getLogger("minillm")
 IDLE = datetime.timedelta(days=365)  # how long a worker waits for the next step: a server idles
@@ -98,26 +97,6 @@ def worker_errors(workers) -> str:
             report = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else "no report"
         notes.append(f"worker {rank} (exit code {p.exitcode}): {report}")
     return "; ".join(notes)
-
-
-def bound_store(host: str, port: int, world_size, timeout=dist.default_pg_timeout):
-    """A TCPStore server that listens on `host`'s interface only (alone, a TCPStore listens on
-    all of them). Port 0: a free one. The store owns the listening socket and closes it when it
-    is destroyed, which frees the port."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    listener = socket.create_server((host, port), family=family)
-    port = listener.getsockname()[1]
-    store = dist.TCPStore(
-        host,
-        port,
-        world_size,
-        is_master=True,
-        timeout=timeout,
-        wait_for_workers=False,
-        master_listen_fd=listener.fileno(),
-    )
-    listener.detach()  # the store's now: it closes the socket itself
-    return store
 
 
 def own_group(store, name: str, rank: int, size: int, device: torch.device, timeout):

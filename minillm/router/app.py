@@ -11,7 +11,6 @@ __all__ = [
     "Router",
     "read_body",
     "Relay",
-    "relay",
     "add_forwarding_routes",
     "build_router_app",
     "replica_command",
@@ -138,7 +137,7 @@ class Router:
                 logger.warning("replica %s unreachable (%s); trying another", replica.url, e)
                 continue
             self.routed.labels(replica.url).inc()
-            return relay(upstream, replica)
+            return Relay(upstream, replica)
         return error(503, "no replica is reachable; retry later")
 
     async def get(self, path: str, raw: HTTPRequest) -> Response:
@@ -202,11 +201,6 @@ class Relay(StreamingResponse):
             self.released = True
             self.replica.in_flight -= 1
             await self.upstream.aclose()
-
-
-def relay(upstream: httpx.Response, replica: Replica) -> Relay:
-    "The replica's answer as the client's response (see `Relay`)."
-    return Relay(upstream, replica)
 
 
 def add_forwarding_routes(app: FastAPI, forward):

@@ -30,10 +30,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from minillm.router.app import (
     HOP_BY_HOP,
+    Relay,
     add_forwarding_routes,
     error,
     read_body,
-    relay,
     replica_command,
 )
 
@@ -134,7 +134,7 @@ class DisaggProxy:
             if not isinstance(e, httpx.TransportError):  # cancelled, or a bug: not ours
                 raise
             return error(503, f"the decode instance is unreachable ({e}); retry later")
-        return relay(upstream, self.decode)
+        return Relay(upstream, self.decode)
 
 
 def build_disagg_app(proxy: DisaggProxy) -> FastAPI:
