@@ -1,6 +1,8 @@
-"""A stand-in for `minillm serve` in the router's fault tests: /health, /metrics and a streaming
-/v1/completions in OpenAI's format (one token every `--interval` seconds, `--tokens` of them), or
-after `--hang-after` tokens silence forever. Run as `python fake_replica.py PORT [options]`."""
+"""A stand-in for `minillm serve` in the router's fault tests: /health, /metrics and
+/v1/completions in OpenAI's format, streamed (one token every `interval` seconds, `tokens` of
+them) or not. It can wait `header_delay` before answering, or go silent after `hang_after`
+tokens, and it counts its open streams. In-process (`FakeReplica(...).app`) or as a process:
+`python fake_replica.py PORT [--tokens N] [--interval S] [--hang-after N]`."""
 
 import argparse
 import asyncio
@@ -17,45 +19,44 @@ def chunk(text: str, finish=None) -> bytes:
     return f"data: {json.dumps({**body, 'choices': [choice]})}\n\n".encode()
 
 
-def build(tokens: int, interval: float, hang_after: int | None) -> FastAPI:
-    app = FastAPI()
+class FakeReplica:
+    def __init__(self, tokens: int = 20, interval: float = 0.1, hang_after: int | None = None):
+        self.tokens, self.interval, self.hang_after = tokens, interval, hang_after
+        self.header_delay, self.open_streams = 0.0, 0
+        self.app = app = FastAPI()
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
+        @app.get("/health")
+        async def health():
+            return {"status": "ok"}
 
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse("minillm_requests_running 0\n")
+        @app.get("/metrics")
+        async def metrics():
+            return PlainTextResponse("minillm_requests_running 0\n")
 
-    @app.post("/v1/completions")
-    async def completions(body: dict):
-        if not body.get("stream"):
-            text = " ".join(["tok"] * tokens)
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-            usage = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
+        @app.post("/v1/completions")
+        async def completions(body: dict):
+            await asyncio.sleep(self.header_delay)
+            if body.get("stream"):
+                self.open_streams += 1
+                return StreamingResponse(self.events(), media_type="text/event-stream")
+            choice = {"index": 0, "text": " tok" * self.tokens, "finish_reason": "length"}
+            usage = {"prompt_tokens": 1, "completion_tokens": self.tokens}
+            usage["total_tokens"] = self.tokens + 1
+            reply = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
             return JSONResponse(
-                {
-                    "id": "c",
-                    "object": "text_completion",
-                    "created": 0,
-                    "model": "m",
-                    "choices": [choice],
-                    "usage": usage,
-                }
+                {**reply, "choices": [{**choice, "logprobs": None}], "usage": usage}
             )
 
-        async def events():
-            for i in range(tokens):
-                if hang_after is not None and i == hang_after:
+    async def events(self):
+        try:
+            for i in range(self.tokens):
+                if i == self.hang_after:
                     await asyncio.sleep(3600)
-                yield chunk(" tok", "length" if i == tokens - 1 else None)
-                await asyncio.sleep(interval)
+                yield chunk(" tok", "length" if i == self.tokens - 1 else None)
+                await asyncio.sleep(self.interval)
             yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return app
+        finally:
+            self.open_streams -= 1
 
 
 if __name__ == "__main__":
@@ -65,4 +66,5 @@ if __name__ == "__main__":
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--hang-after", type=int, default=None)
     a = ap.parse_args()
-    uvicorn.run(build(a.tokens, a.interval, a.hang_after), port=a.port, log_level="warning")
+    replica = FakeReplica(a.tokens, a.interval, a.hang_after)
+    uvicorn.run(replica.app, port=a.port, log_level="warning")

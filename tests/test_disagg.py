@@ -217,21 +217,27 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def start_proxy(stack, urls: dict, tmp_path) -> tuple[str, int]:
+    "`minillm disagg` in front of running instances, once the producer has reached the consumer."
+    port = free_port()
+    cmd = [minillm_exe(), "disagg", "--port", str(port), "--log-level", "warning"]
+    cmd += ["--prefill", urls["prefill"], "--decode", urls["decode"]]
+    base = f"http://127.0.0.1:{port}"
+    stack.enter_context(ServerProcess(cmd, f"{base}/v1", log=str(tmp_path / "proxy.log")))
+    deadline = time.monotonic() + 60
+    while metric(urls["decode"], "minillm_kv_transfer_peer_alive") != 1.0:
+        assert time.monotonic() < deadline, "the producer never reached the consumer"
+        time.sleep(0.2)
+    return base, port
+
+
 def test_proxy_in_front_of_real_instances(model_dir, tmp_path):
     from contextlib import ExitStack
 
     flags = ["--model", str(model_dir), "--dtype", "float32", "--num-kv-blocks", "128"]
     with ExitStack() as stack:
         urls, servers = start_disaggregated(stack, flags, log_dir=str(tmp_path))
-        port = free_port()
-        cmd = [minillm_exe(), "disagg", "--port", str(port), "--log-level", "warning"]
-        cmd += ["--prefill", urls["prefill"], "--decode", urls["decode"]]
-        base = f"http://127.0.0.1:{port}"
-        stack.enter_context(ServerProcess(cmd, f"{base}/v1", log=str(tmp_path / "proxy.log")))
-        deadline = time.monotonic() + 60
-        while metric(urls["decode"], "minillm_kv_transfer_peer_alive") != 1.0:
-            assert time.monotonic() < deadline, "the producer never reached the consumer"
-            time.sleep(0.2)
+        base, _ = start_proxy(stack, urls, tmp_path)
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         alone = OpenAI(base_url=f"{urls['decode']}/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id

@@ -19,7 +19,15 @@ from contextlib import ExitStack
 
 import httpx
 from openai import AsyncOpenAI, OpenAI
-from test_disagg import assert_nothing_left, drain, expected, metric, minillm_exe, wait_for_producer
+from test_disagg import (
+    assert_nothing_left,
+    drain,
+    expected,
+    metric,
+    minillm_exe,
+    start_proxy,
+    wait_for_producer,
+)
 
 from minillm.bench.online import ServerProcess, free_port
 from minillm.engine.llm_engine import LLMEngine
@@ -107,19 +115,6 @@ def wait_settled(urls: dict, in_flight: dict, seconds: float = 60):
     while left := settled(urls, in_flight):
         assert time.monotonic() < deadline, f"left behind: {left}"
         time.sleep(0.2)
-
-
-def start_proxy(stack: ExitStack, urls: dict, tmp_path) -> tuple[str, int]:
-    port = free_port()
-    cmd = [minillm_exe(), "disagg", "--port", str(port), "--log-level", "warning"]
-    cmd += ["--prefill", urls["prefill"], "--decode", urls["decode"]]
-    base = f"http://127.0.0.1:{port}"
-    stack.enter_context(ServerProcess(cmd, f"{base}/v1", log=str(tmp_path / "proxy.log")))
-    deadline = time.monotonic() + 60
-    while metric(urls["decode"], "minillm_kv_transfer_peer_alive") != 1.0:
-        assert time.monotonic() < deadline, "the producer never reached the consumer"
-        time.sleep(0.2)
-    return base, port
 
 
 def test_clients_that_leave_through_the_proxy_leave_nothing(model_dir, tmp_path):

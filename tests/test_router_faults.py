@@ -3,7 +3,6 @@ router waits for the replica's headers, before the first byte of the body or mid
 replica's in-flight count (which the least-loaded policy reads) and the upstream stream go back to
 zero, as the router's /metrics and the replica's own count of open streams show."""
 
-import asyncio
 import socket
 import sys
 import threading
@@ -15,46 +14,11 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fake_replica import FakeReplica
 from openai import OpenAI
 
 from minillm.bench.online import ServerProcess, free_port
 from minillm.router.app import Router, build_router_app
-
-
-class FakeReplica:
-    """A replica that waits `header_delay` before its headers, then streams a chunk every 0.2 s
-    for 5 s, counting the streams that are open."""
-
-    def __init__(self):
-        self.open_streams, self.header_delay = 0, 0.0
-        app = FastAPI()
-
-        @app.get("/health")
-        async def health():
-            return {"status": "ok"}
-
-        @app.get("/metrics")
-        async def metrics():
-            return StreamingResponse(iter([b"vllm:num_requests_waiting 0\n"]))
-
-        @app.post("/v1/completions")
-        async def completions():
-            await asyncio.sleep(self.header_delay)
-            self.open_streams += 1
-
-            async def body():
-                try:
-                    for i in range(25):
-                        yield f"data: {i}\n\n".encode()
-                        await asyncio.sleep(0.2)
-                finally:
-                    self.open_streams -= 1
-
-            return StreamingResponse(body(), media_type="text/event-stream")
-
-        self.app = app
 
 
 def serve(app, port: int) -> uvicorn.Server:
@@ -87,7 +51,7 @@ def raw_request(port: int) -> socket.socket:
 
 @pytest.fixture(scope="module")
 def fleet():
-    replica = FakeReplica()
+    replica = FakeReplica(tokens=25, interval=0.2)
     rport, port = free_port(), free_port()
     servers = [serve(replica.app, rport)]
     router = Router([f"http://127.0.0.1:{rport}"], policy="least_loaded", poll_interval=0.2)
