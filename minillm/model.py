@@ -7,6 +7,7 @@ __all__ = [
     "PACKED",
     "N_PIECES",
     "IGNORED",
+    "MODELS",
     "ModelConfig",
     "RMSNorm",
     "rope_inv_freq",
@@ -18,6 +19,8 @@ __all__ = [
     "DecoderModel",
     "CausalLM",
     "load_weights",
+    "model_class",
+    "config_from_hf",
     "load_model",
     "causal_attention",
     "no_cache_attention",
@@ -25,6 +28,7 @@ __all__ = [
 ]
 
 # %% ../nbs/02_kv_cache.ipynb #575c5676
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -32,7 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .loader import ModelLoadError, load_state_dict, read_config, resolve_model_path
+from minillm.loader import (
+    ARCHITECTURES,
+    ModelLoadError,
+    load_state_dict,
+    read_config,
+    resolve_model_path,
+)
 
 
 # %% ../nbs/02_kv_cache.ipynb #756b6560
@@ -82,6 +92,11 @@ class ModelConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             rope_scaling=scaling,
         )
+
+    @property
+    def sliding_windows(self) -> list[int | None]:
+        "How many past tokens each layer attends to; None: all (chapter 15's models window some)."
+        return [None] * self.num_layers
 
 
 # %% ../nbs/02_kv_cache.ipynb #a59df528
@@ -169,7 +184,8 @@ class Attention(nn.Module):
         v = v.view(-1, self.hkv, self.d)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+        if rope is not None:  # None: a layer without positions (chapter 15's NoPE layers)
+            q, k = apply_rotary(q, k, *rope)
         return self.o_proj(attn(self.layer_idx, q, k, v).flatten(1))
 
 
@@ -212,16 +228,23 @@ class CausalLM(nn.Module):
     """A Llama / Qwen2 / Qwen3 decoder over a flat batch of tokens; attention and its cache come
     from outside."""
 
+    config_class = ModelConfig  # chapter 15's architectures have their own
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self.model = DecoderModel(cfg)
-        self.rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-        )
+        self.rotary = self.make_rotary()
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def make_rotary(self) -> nn.Module:
+        "The cos/sin tables, computed (a model built on the meta device makes them again)."
+        cfg = self.config
+        return RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         "Hidden states [T, hidden] for flat `input_ids` [T] at `positions` [T]."
@@ -287,40 +310,53 @@ def load_weights(model: CausalLM, state: dict[str, torch.Tensor]):
             params[target].copy_(value)
 
 
+MODELS = {"LlamaForCausalLM": CausalLM, "Qwen2ForCausalLM": CausalLM, "Qwen3ForCausalLM": CausalLM}
+
+
+def model_class(config: dict) -> type[CausalLM]:
+    "The model class of a checked `config.json`, from the module `ARCHITECTURES` names for it."
+    arch = next(a for a in config["architectures"] if a in ARCHITECTURES)
+    return importlib.import_module(ARCHITECTURES[arch]).MODELS[arch]
+
+
+def config_from_hf(config: dict) -> ModelConfig:
+    "The architecture of a checked `config.json`, in its model class's config type."
+    return model_class(config).config_class.from_hf(config)
+
+
 def load_model(model_dir=None, dtype=torch.float32, device="cpu") -> CausalLM:
     """minillm's model for `model_dir` (see `resolve_model_path`), its weights in `dtype` on
     `device`."""
     model_dir = resolve_model_path(model_dir)
-    cfg = ModelConfig.from_hf(read_config(model_dir))
+    config = read_config(model_dir)
+    cls = model_class(config)
+    cfg = cls.config_class.from_hf(config)
     with torch.device("meta"):
-        model = CausalLM(cfg)  # no time spent on random initialization
+        model = cls(cfg)  # no time spent on random initialization
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, load_state_dict(model_dir, device))
     model.to(dtype)
-    model.rotary = RotaryEmbedding(
-        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-    ).to(device)
+    model.rotary = model.make_rotary().to(device)
     return model.eval()
 
 
 # %% ../nbs/02_kv_cache.ipynb #7660ea70
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, window: int | None = None
 ) -> torch.Tensor:
     """q [B, n, H, D] at positions q_start..q_start+n-1 over k, v [B, q_start+n, Hkv, D]; returns
-    [B, n, H, D]."""
+    [B, n, H, D]. With a `window` (chapter 15), a query sees only the last `window` positions."""
     n, L = q.shape[1], k.shape[1]
     assert L == q_start + n, "keys must cover every position up to the last query"
-    mask = (
-        None
-        if n == 1
-        else (
-            torch.arange(L, device=q.device)[None, :]
-            <= torch.arange(q_start, L, device=q.device)[:, None]
-        )
-    )
+    mask = None
+    if n > 1 or (window is not None and L > window):
+        keys = torch.arange(L, device=q.device)[None, :]
+        queries = torch.arange(q_start, L, device=q.device)[:, None]
+        mask = keys <= queries
+        if window is not None:
+            mask &= keys > queries - window
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
     )

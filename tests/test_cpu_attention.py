@@ -13,13 +13,15 @@ from minillm.sampling import SamplingParams
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
-def both(cases, heads, kv_heads, head_dim, block_size, dtype, seed=0):
-    "The same batch through the reference and the CPU backend (each on its own copy of the pool)."
+def both(cases, heads, kv_heads, head_dim, block_size, dtype, seed=0, window=None):
+    """The same batch through the reference and the CPU backend (each on its own copy of the pool);
+    `window`: a sliding-window layer's (chapter 15)."""
     outs, pools = [], []
     for backend in (TORCH_ATTENTION, CPU_ATTENTION):
         pool, batch, q, k, v, _ = random_paged_batch(
             cases, heads, kv_heads, head_dim, block_size, dtype, seed
         )
+        pool.sliding_windows = [window]
         if (
             backend is TORCH_ATTENTION and dtype != torch.float32
         ):  # the reference in float32, from the same values
@@ -52,6 +54,15 @@ def test_decodes_and_chunks_match_the_reference(dtype, heads, kv_heads, head_dim
         (ref, out), (ref_pool, pool) = both(cases, heads, kv_heads, head_dim, block_size, dtype)
         torch.testing.assert_close(out.float(), ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
         assert torch.equal(pool.k.float(), ref_pool.k) and torch.equal(pool.v.float(), ref_pool.v)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40, 512])
+def test_sliding_window_matches_the_reference(window):
+    "Decodes and short chunks (the kernel) and long chunks (SDPA) of a windowed layer."
+    cases = [(0, 37), (45, 20), (64, 1), (300, 1), (15, 1), (31, 8), (130, 5), (0, 1), (200, 3)]
+    for heads, kv_heads, head_dim in [(8, 2, 64), (4, 1, 256)]:
+        (ref, out), _ = both(cases, heads, kv_heads, head_dim, 16, torch.float32, window=window)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_kernel_reads_strided_query_rows():

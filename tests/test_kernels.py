@@ -3,6 +3,8 @@
 On CPU under TRITON_INTERPRET=1 (set by conftest.py), on a GPU as compiled kernels. Shapes are
 small so the interpreter stays fast."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import hf_greedy
@@ -26,15 +28,16 @@ def lengths_around(block_size):
     return [1, block_size - 1, block_size, block_size + 1, 300]
 
 
-def compare(cases, H, Hkv, D, block_size, dtype=torch.float32, num_splits=None):
+def compare(cases, H, Hkv, D, block_size, dtype=torch.float32, num_splits=None, window=None):
     """Triton and torch attention over the same pool; the reference runs in float32 on the same
-    (rounded) values."""
+    (rounded) values. `window`: a sliding-window layer's (chapter 15)."""
     pool, batch, q, k, v, _ = random_paged_batch(cases, H, Hkv, D, block_size, dtype=dtype)
-    md = batch.metadata
+    md = replace(batch.metadata, sliding_window=window)
     ref_pool = PagedKVCache(1, pool.k.shape[1], block_size, Hkv, D)
     ref_pool.k.copy_(pool.k)
     ref_pool.v.copy_(pool.v)
-    expected = PagedAttention(ref_pool, md)(0, q.float(), k.float(), v.float())
+    ref_pool.sliding_windows = [window]
+    expected = PagedAttention(ref_pool, batch.metadata)(0, q.float(), k.float(), v.float())
     if DEVICE == "cuda":
         pool.k, pool.v, q, k, v = (x.cuda() for x in (pool.k, pool.v, q, k, v))
         md = type(md)(**{f: (x.cuda() if torch.is_tensor(x) else x) for f, x in vars(md).items()})
@@ -69,6 +72,16 @@ def test_prefill_with_cached_prefix(D, group, block_size):
 
 def test_mixed_batch_decodes_and_chunks():
     compare([(0, 37), (45, 20), (64, 1), (15, 1), (0, 1), (31, 33)], 8, 2, 64, 16)
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 40, 512])
+def test_sliding_window(window):
+    """Chapter 15's windowed layers: decodes (with and without split-K) and prompt chunks whose
+    rows' windows start in different key tiles than their tile's first row."""
+    cases = [(0, 37), (45, 20), (64, 1), (300, 1), (15, 1), (31, 33), (130, 5), (0, 1)]
+    for num_splits in (1, 4):
+        compare(cases, 8, 2, 64, 16, num_splits=num_splits, window=window)
+    compare([(200, 1), (0, 40), (90, 17)], 8, 2, 256, 16, window=window)  # Gemma 3's head_dim
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -254,7 +254,7 @@ def test_cpu_kernel_reads_a_quantized_pool_as_the_torch_backend_does():
         outs = []
         for backend in (TORCH_ATTENTION, CPU_ATTENTION):
             attn = PagedAttention(pool, step.metadata, backend)
-            outs.append(backend.attend(pool, 0, q, attn.prepared))
+            outs.append(backend.attend(pool, 0, q, attn.prepared[0, None]))
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)
 
 

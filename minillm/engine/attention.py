@@ -15,7 +15,7 @@ __all__ = [
 ]
 
 # %% ../../nbs/04b_paged_attention.ipynb #0a7be0cf
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -37,6 +37,7 @@ class AttentionMetadata:
     query_lens: list[int]  # host copies, made once per batch for Python-side loops and bounds
     context_lens_list: list[int]
     query_starts: list[int]
+    sliding_window: int | None = None  # the past tokens a query sees, for the layers at hand
 
     @property
     def decode_seqs(self) -> list[int]:
@@ -67,7 +68,7 @@ def attend_one_by_one(
         start, n, length = md.query_starts[s], md.query_lens[s], md.context_lens_list[s]
         k, v = gather_kv(cache, layer, md.block_tables[s], length)
         out[start : start + n] = causal_attention(
-            q[None, start : start + n], k[None], v[None], length - n
+            q[None, start : start + n], k[None], v[None], length - n, md.sliding_window
         )[0]
 
 
@@ -103,10 +104,11 @@ def _batched_decode(cache, layer, q, md, decodes):
     tables = md.block_tables[decodes, :n_blocks]
     k, v = cache.read(layer, tables)
     k, v = k.flatten(1, 2), v.flatten(1, 2)  # [B, n_blocks * block_size, Hkv, D]
-    visible = (
-        torch.arange(k.shape[1], device=q.device)[None, :]
-        < torch.tensor(lens, device=q.device)[:, None]
-    )
+    keys = torch.arange(k.shape[1], device=q.device)[None, :]
+    ends = torch.tensor(lens, device=q.device)[:, None]
+    visible = keys < ends
+    if md.sliding_window is not None:
+        visible &= keys >= ends - md.sliding_window
     qs = q[[md.query_starts[s] for s in decodes]][:, :, None]  # [B, H, 1, D]
     o = F.scaled_dot_product_attention(
         qs, k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible[:, None, None], enable_gqa=True
@@ -137,10 +139,20 @@ class PagedAttention:
         cache: PagedKVCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend = TORCH_ATTENTION,
+        group_metadata: list[AttentionMetadata] = (),
     ):
+        "`group_metadata`: the block tables and slots of KV cache groups 1, 2, ... (chapter 15)."
         self.cache, self.metadata, self.backend = cache, metadata, backend
-        self.prepared = backend.prepare(cache, metadata)
+        self.groups = [metadata, *group_metadata]
+        # per-batch work once per (group, window), not per layer
+        kinds = set(zip(cache.layer_groups, cache.sliding_windows))
+        self.prepared = {
+            (g, w): backend.prepare(cache, replace(self.groups[g], sliding_window=w))
+            for g, w in kinds
+        }
 
     def __call__(self, layer: int, q, k, v):
-        self.backend.write(self.cache, layer, k, v, self.metadata.slot_mapping)
-        return self.backend.attend(self.cache, layer, q, self.prepared)
+        group, slot = self.cache.layer_groups[layer], self.cache.layer_slots[layer]
+        self.backend.write(self.cache, slot, k, v, self.groups[group].slot_mapping)
+        prepared = self.prepared[group, self.cache.sliding_windows[layer]]
+        return self.backend.attend(self.cache, slot, q, prepared)

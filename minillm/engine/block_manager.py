@@ -23,6 +23,8 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # of the full blocks, chained, in order
     # draft tokens after token_ids, not yet verified (chapter 12): never hashed or cached
     spec_token_ids: list[int] = field(default_factory=list)
+    # chapter 15: the block tables of KV cache groups 1, 2, ... (group 0's is block_table)
+    group_tables: list[list[int]] = field(default_factory=list)
 
     def __len__(self):
         return len(self.token_ids)
@@ -87,6 +89,10 @@ class BlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
+
+    def peak_blocks(self, num_tokens: int) -> int:
+        "The most blocks a sequence of `num_tokens` ever holds (chapter 15's windows hold fewer)."
+        return self.blocks_needed(num_tokens)
 
     def _take(self) -> int:
         if self.empty:
@@ -158,10 +164,18 @@ class BlockManager:
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             h = block_hash(parent, tokens)
             seq.block_hashes.append(h)
-            blk = self.blocks[seq.block_table[i]]
-            if h not in self.hash_to_block:  # a twin computed by another sequence keeps the entry
-                blk.hash, blk.token_ids, blk.parent = h, tokens, parent
-                self.hash_to_block[h] = blk.block_id
+            self._register_blocks(seq, i, h, tokens, parent)
+
+    def _register_blocks(self, seq: Sequence, i: int, h: int, tokens: tuple, parent: int | None):
+        "Register `seq`'s i-th block, whose chained hash is `h` (chapter 15: one per KV group)."
+        self._register(seq.block_table[i], h, tokens, parent)
+
+    def _register(self, block_id: int, key, tokens: tuple, parent: int | None):
+        "Name a full block in the prefix cache by `key`, unless a twin already holds that name."
+        if key not in self.hash_to_block:  # a twin computed by another sequence keeps the entry
+            blk = self.blocks[block_id]
+            blk.hash, blk.token_ids, blk.parent = key, tokens, parent
+            self.hash_to_block[key] = block_id
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (vLLM's reset_prefix_cache; a router's flush_cache): free

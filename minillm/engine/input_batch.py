@@ -7,7 +7,7 @@ __all__ = ["FlatBatch", "slots_of", "build_flat_batch", "SampleRows"]
 
 # %% ../../nbs/04b_paged_attention.ipynb #e115927b
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,6 +24,8 @@ class FlatBatch:
     metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [S]: the last new token of each sequence (more with drafts)
     num_logits: list[int] | None = None  # how many of those rows each sequence has
+    # chapter 15: KV cache groups 1, 2, ...: the metadata with their block tables and slots
+    group_metadata: list[AttentionMetadata] = ()
 
 
 def slots_of(block_table: list[int], positions, block_size: int) -> list[int]:
@@ -58,27 +60,39 @@ def build_flat_batch(
         first = cu[-2] if every else cu[-1] - 1 - drafts  # every token's logits, or the last's
         logits_at += range(first, cu[-1])  # and those before each draft
         num_logits.append(cu[-1] - first)
-    width = max(len(s.block_table) for s in seqs)
-    tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
 
     def tensor(x, dtype):
         return _to_device(torch.tensor(x, dtype=dtype), device)  # then one copy each
 
+    def padded(tables):
+        width = max(map(len, tables))
+        return tensor([t + [0] * (width - len(t)) for t in tables], torch.int32)
+
     md = AttentionMetadata(
         cu_seqlens_q=tensor(cu, torch.int32),
         context_lens=tensor(ctx, torch.int32),
-        block_tables=tensor(tables, torch.int32),
+        block_tables=padded([s.block_table for s in seqs]),
         slot_mapping=tensor(slots, torch.long),
         query_lens=list(num_new_tokens),
         context_lens_list=ctx,
         query_starts=cu[:-1],
     )
+    groups = []
+    for g in range(len(seqs[0].group_tables)):
+        tables = [s.group_tables[g] for s in seqs]
+        group_slots = []
+        for seq, n, table in zip(seqs, num_new_tokens, tables):
+            start = seq.num_computed_tokens
+            group_slots += slots_of(table, range(start, start + n), block_size)
+        table_tensor, slot_tensor = padded(tables), tensor(group_slots, torch.long)
+        groups.append(replace(md, block_tables=table_tensor, slot_mapping=slot_tensor))
     return FlatBatch(
         tensor(ids, torch.long),
         tensor(positions, torch.long),
         md,
         tensor(logits_at, torch.long),
         num_logits,
+        groups,
     )
 
 

@@ -30,6 +30,11 @@ class PagedKVCache:
         self.k = torch.zeros(shape, dtype=storage or dtype, device=device)
         self.v = torch.zeros(shape, dtype=storage or dtype, device=device)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        # per layer: how many past tokens it attends to (None: all), and where its K/V live: the
+        # KV cache group whose block tables it reads and its index in the pool's first dimension
+        # (chapter 15 groups layers by window; here one group, a layer at its own index)
+        self.sliding_windows: list[int | None] = [None] * num_layers
+        self.layer_groups, self.layer_slots = [0] * num_layers, list(range(num_layers))
 
     @classmethod
     def for_model(
@@ -37,7 +42,9 @@ class PagedKVCache:
     ):
         "A pool shaped for a model's config (`kw`: a subclass's own options)."
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        return cls(*shape, dtype, device, **kw)
+        cache = cls(*shape, dtype, device, **kw)
+        cache.sliding_windows = cfg.sliding_windows
+        return cache
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor):
         "Store new tokens' k, v [T, kv_heads, head_dim] at their slots [T]."

@@ -34,7 +34,7 @@ from minillm.loader import (
 
 from ..detokenizer import TextStream
 from ..metrics import RequestLatency
-from ..model import ModelConfig
+from ..model import config_from_hf
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
 from .block_manager import BlockManager
 from .config import EngineConfig, EngineDeadError
@@ -172,7 +172,7 @@ class LLMEngine:
         self.model_name = model_name(cfg.model)
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
-        mcfg = ModelConfig.from_hf(read_config(self.model_path))
+        mcfg = config_from_hf(read_config(self.model_path))
         self.max_model_len = min(
             cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
         )
@@ -193,7 +193,13 @@ class LLMEngine:
             attention_backend=self.runner.attention_backend,
             enforce_eager=self.runner.graphs is None and self.runner.decoder is None,
         )
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        if max(self.runner.cache.layer_groups) > 0:  # chapter 15: a block table per KV group
+            from minillm.hybrid.kv_cache import HybridBlockManager
+
+            args = self.runner.cache, cfg.enable_prefix_caching, cfg.max_num_batched_tokens
+            self.block_manager = HybridBlockManager.for_cache(*args)
+        else:
+            self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.proposer = None
         if cfg.speculative_config:
             from minillm.spec_decode.proposers import make_proposer  # chapter 12
@@ -215,6 +221,12 @@ class LLMEngine:
         self.kv_connector = None
         if cfg.kv_role is not None:  # chapter 14: prefill here and decode there, or the reverse
             from minillm.engine.kv_transfer import make_kv_connector
+
+            if max(self.runner.cache.layer_groups) > 0:
+                raise ValueError(
+                    "kv_role: KV transfer (chapter 14) moves one block table per request; "
+                    f"{mcfg.architecture} keeps one per KV cache group (chapter 15)"
+                )
 
             self.kv_connector = make_kv_connector(cfg, self.runner.cache, self.scheduler)
             self.stops.append(self.kv_connector.close)

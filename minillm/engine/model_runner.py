@@ -11,6 +11,7 @@ __all__ = [
     "cpu_usable",
     "resolve_attention_backend",
     "load_attention_backend",
+    "hybrid_kv_cache",
     "kv_block_bytes",
     "make_kv_cache",
     "cuda_memory_snapshot",
@@ -110,8 +111,19 @@ def load_attention_backend(name: str) -> AttentionBackend:
 
 
 # %% ../../nbs/07a_model_runner.ipynb #119b03f9
+def hybrid_kv_cache(cfg) -> bool:
+    "Do the model's layers differ in what they keep (chapter 15's sliding windows)?"
+    return len(set(cfg.sliding_windows)) > 1
+
+
 def kv_block_bytes(cfg, block_size: int, dtype, kv_cache_dtype: str = "auto") -> int:
-    "Bytes of one KV block across all layers (in the model's dtype, or chapter 13's int8/fp8)."
+    """Bytes of one KV block across all layers (in the model's dtype, or chapter 13's int8/fp8);
+    where layers differ, across the layers of one KV cache group (chapter 15)."""
+    if hybrid_kv_cache(cfg):
+        from minillm.hybrid.kv_cache import kv_cache_groups  # chapter 15
+
+        layers = len(kv_cache_groups(cfg.sliding_windows)[0])
+        return block_size * kv_cache_bytes_per_token(cfg, dtype) // cfg.num_layers * layers
     if kv_cache_dtype == "auto":
         return block_size * kv_cache_bytes_per_token(cfg, dtype)
     from minillm.quantization.kv_cache import quantized_kv_bytes_per_token  # chapter 13
@@ -122,7 +134,12 @@ def kv_block_bytes(cfg, block_size: int, dtype, kv_cache_dtype: str = "auto") ->
 def make_kv_cache(
     cfg, num_blocks: int, block_size: int, dtype, device, kv_cache_dtype: str = "auto"
 ) -> PagedKVCache:
-    "The KV pool: in the model's dtype, or in chapter 13's int8/fp8 with scales."
+    """The KV pool: in the model's dtype, or in chapter 13's int8/fp8 with scales; in KV cache
+    groups where layers differ (chapter 15)."""
+    if hybrid_kv_cache(cfg):
+        from minillm.hybrid.kv_cache import make_hybrid_kv_cache  # chapter 15
+
+        return make_hybrid_kv_cache(cfg, num_blocks, block_size, dtype, device, kv_cache_dtype)
     if kv_cache_dtype == "auto":
         return PagedKVCache.for_model(cfg, num_blocks, block_size, dtype, device)
     from minillm.quantization.kv_cache import QuantizedKVCache  # chapter 13
@@ -264,7 +281,8 @@ class ModelRunner:
         )
         self.graphs = None
         on_gpu = self.device.type == "cuda" and self.attention_backend == "triton"
-        if cuda_graph_max_batch and on_gpu:
+        # a graph's block tables are one group's: chapter 15's hybrid pools run eagerly
+        if cuda_graph_max_batch and on_gpu and not hybrid_kv_cache(model.config):
             # chapter 8c: decode steps replayed from captured graphs
             from minillm.engine.cuda_graphs import CUDAGraphDecoder
 
@@ -329,6 +347,7 @@ class ModelRunner:
         if self.decoder is not None and self.decoder.can_run(batch, self.cache):
             hidden = self.decoder.forward(batch, self.cache)  # chapter 13b: one C++ call
         else:
-            attention = PagedAttention(self.cache, batch.metadata, self.backend)
+            groups = batch.group_metadata
+            attention = PagedAttention(self.cache, batch.metadata, self.backend, groups)
             hidden = self.model(batch.input_ids, batch.positions, attention)
         return self.model.compute_logits(hidden[batch.logits_indices])

@@ -72,7 +72,7 @@ class Scheduler:
     def check(self, req: Request):
         """Raise ValueError for a request that could never run: it could never fit in the pool or
         the budget."""
-        need = self.bm.blocks_needed(req.prompt_len + req.max_tokens)
+        need = self.bm.peak_blocks(req.prompt_len + req.max_tokens)
         if need > self.bm.num_blocks:
             raise ValueError(
                 f"request {req.request_id!r} needs up to {need} KV blocks (prompt {req.prompt_len} "

@@ -21,7 +21,7 @@ from minillm.engine.model_runner import (
 )
 
 from ..loader import read_config, resolve_model_path
-from ..model import ModelConfig, load_model
+from ..model import config_from_hf, load_model
 from .config import EngineConfig
 
 
@@ -39,7 +39,7 @@ def draft_model_budget(cfg: EngineConfig, dtype) -> tuple[int, int]:
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(file, "pt") as f:
             numel += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-    draft = ModelConfig.from_hf(read_config(path))
+    draft = config_from_hf(read_config(path))
     element = torch.empty((), dtype=dtype).element_size()
     return numel * element, kv_block_bytes(draft, cfg.block_size, dtype)
 

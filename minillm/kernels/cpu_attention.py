@@ -92,15 +92,18 @@ template <typename cache_t, int64_t kD>
 void attend_sequence(float* acc, std::vector<float>& s, float* row, const float* qf,
                      const cache_t* kc, const cache_t* vc, const float* ks, const float* vs,
                      const int32_t* table, int64_t len, int64_t nq, int64_t h0, int64_t h1,
-                     int64_t G, int64_t Hkv, int64_t D_, int64_t bs) {
+                     int64_t G, int64_t Hkv, int64_t D_, int64_t bs, int64_t window) {
   const int64_t D = kD ? kD : D_;
   const int64_t H = G * Hkv, tok = Hkv * D, kh0 = h0 / G, kh1 = (h1 + G - 1) / G, nh = h1 - h0;
   const int64_t past = len - nq;  // tokens every row sees; row i sees past + 1 + i
+  // with a window (chapter 15), row i sees only positions from past + i + 1 - window on
+  const int64_t first = window ? std::max<int64_t>(0, past + 1 - window) : 0;
+  auto last_row = [&](int64_t t) { return window ? std::min(nq, t - past + window) : nq; };
   s.resize(nq * nh * len);
-  for (int64_t t = 0; t < len; ++t) {
+  for (int64_t t = first; t < len; ++t) {
     const int64_t slot = int64_t(table[t / bs]) * bs + t % bs;
     read_row<cache_t>(row, kc + slot * tok, ks ? ks + slot * Hkv : nullptr, kh0, kh1, D);
-    for (int64_t i = std::max<int64_t>(0, t - past); i < nq; ++i)
+    for (int64_t i = std::max<int64_t>(0, t - past); i < last_row(t); ++i)
       for (int64_t h = h0; h < h1; ++h) {
         const float* qh = qf + (i * H + h) * D;
         const float* kr = row + (h / G) * D;
@@ -111,26 +114,26 @@ void attend_sequence(float* acc, std::vector<float>& s, float* row, const float*
       }
   }
   for (int64_t i = 0; i < nq; ++i) {
-    const int64_t seen = past + 1 + i;
+    const int64_t seen = past + 1 + i, from = window ? std::max<int64_t>(0, seen - window) : 0;
     for (int64_t h = 0; h < nh; ++h) {
       float* sh = s.data() + (i * nh + h) * len;
       float mx = -3.0e38f;
-      for (int64_t t = 0; t < seen; ++t) mx = std::max(mx, sh[t]);
+      for (int64_t t = from; t < seen; ++t) mx = std::max(mx, sh[t]);
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t t = 0; t < seen; ++t) {
+      for (int64_t t = from; t < seen; ++t) {
         sh[t] = std::exp(sh[t] - mx);
         sum += sh[t];
       }
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      for (int64_t t = 0; t < seen; ++t) sh[t] *= inv;
+      for (int64_t t = from; t < seen; ++t) sh[t] *= inv;
     }
     std::fill(acc + (i * H + h0) * D, acc + (i * H + h1) * D, 0.f);
   }
-  for (int64_t t = 0; t < len; ++t) {
+  for (int64_t t = first; t < len; ++t) {
     const int64_t slot = int64_t(table[t / bs]) * bs + t % bs;
     read_row<cache_t>(row, vc + slot * tok, vs ? vs + slot * Hkv : nullptr, kh0, kh1, D);
-    for (int64_t i = std::max<int64_t>(0, t - past); i < nq; ++i)
+    for (int64_t i = std::max<int64_t>(0, t - past); i < last_row(t); ++i)
       for (int64_t h = h0; h < h1; ++h) {
         const float p = s[(i * nh + h - h0) * len + t];
         const float* vr = row + (h / G) * D;
@@ -145,7 +148,8 @@ template <typename scalar_t, typename cache_t, int64_t kD>
 void decode_all(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                 const at::Tensor& v_cache, const float* ks, const float* vs,
                 const at::Tensor& block_tables, const at::Tensor& context_lens,
-                const at::Tensor& cu_seqlens_q, const at::Tensor& seq_ids, double scale) {
+                const at::Tensor& cu_seqlens_q, const at::Tensor& seq_ids, double scale,
+                int64_t window) {
   const int64_t B = seq_ids.size(0), H = q.size(1), D = q.size(2);
   const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv;
   const scalar_t* qp = q.data_ptr<scalar_t>();
@@ -176,7 +180,7 @@ void decode_all(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                 static_cast<float>(qp[(r + i) * q_row + h * q_head + d]) * float(scale);
       attend_sequence<cache_t, kD>(acc.data(), s, row.data(), qf.data(), kc, vc, ks, vs,
                                    tables + seq * table_stride, lens[seq], nq, h0, h1, G, Hkv, D,
-                                   bs);
+                                   bs, window);
       for (int64_t i = 0; i < nq; ++i)
         for (int64_t h = h0; h < h1; ++h)
           for (int64_t d = 0; d < D; ++d)
@@ -195,7 +199,7 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache
                   const at::Tensor& context_lens, const at::Tensor& cu_seqlens_q,
                   const at::Tensor& seq_ids, double scale,
                   const std::optional<at::Tensor>& k_scale,
-                  const std::optional<at::Tensor>& v_scale) {
+                  const std::optional<at::Tensor>& v_scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && out.stride(2) == 1,
               "q and out must be [T, H, D] rows");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the KV pool must be contiguous");
@@ -224,7 +228,7 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache
       auto run = [&](auto head_dim) {
         decode_all<scalar_t, cache_t, decltype(head_dim)::value>(
             out, q, k_cache, v_cache, ks, vs, block_tables, context_lens, cu_seqlens_q, seq_ids,
-            scale);
+            scale, window);
       };
       switch (q.size(2)) {
         case 32: run(std::integral_constant<int64_t, 32>{}); break;
@@ -249,7 +253,7 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache
 TORCH_LIBRARY(minillm, m) {
   m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
         "Tensor block_tables, Tensor context_lens, Tensor cu_seqlens_q, Tensor seq_ids, "
-        "float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+        "float scale, Tensor? k_scale=None, Tensor? v_scale=None, int window=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("paged_decode", &paged_decode); }
@@ -364,6 +368,7 @@ def paged_attention_cpu(
             plan.scale,
             cache.k_scale[layer] if quantized else None,
             cache.v_scale[layer] if quantized else None,
+            md.sliding_window or 0,
         )
     attend_one_by_one(cache, layer, q, md, plan.chunk_seqs, out)
     return out

@@ -611,7 +611,8 @@ struct Layer {
 
 using AttendFn = void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+                      double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                      int64_t);
 
 // A Llama / Qwen2 / Qwen3 decoder that runs a whole forward pass of a few rows per sequence in one
 // call: each layer's norms, projections, rotary embedding, K/V store, attention (chapter 8a's
@@ -702,7 +703,7 @@ struct CpuDecoder : torch::CustomClassHolder {
         std::memcpy(vp + slots[t] * kv_n, row + q_n + kv_n, kv_n * sizeof(float));
       }
       attend.call(out, q, kc, vc, block_tables, context_lens, cu_seqlens_q, seq_ids, scale,
-                  std::nullopt, std::nullopt);
+                  std::nullopt, std::nullopt, 0);
       l.o->run(out.const_data_ptr<float>(), T, hidden, add_to_x);
       rms_norm(xnp, xp, l.post_norm, T, hidden, eps);
       l.gate_up->swiglu(xnp, T, act.data_ptr<float>());
@@ -851,7 +852,8 @@ def prepare_cpu_model(model, fused: bool = True) -> "CpuDecoder | None":
         pack_linear_weights(model)
         return None
     pack_panel_weights(model)
-    return CpuDecoder.for_model(model) if fused else None
+    # the one-call step is chapter 2's layer; chapter 15's models (their subclasses) run op by op
+    return CpuDecoder.for_model(model) if fused and type(model) is CausalLM else None
 
 
 def decoder_kernels_available() -> bool:

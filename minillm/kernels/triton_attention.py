@@ -143,8 +143,10 @@ def _online_softmax_update(q, k, v, visible, m, l, acc, scale):
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [query rows, BLOCK_N]
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
+    # a row that has seen no visible key yet (before its window, chapter 15) stays at zero
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe[:, None])
     return (
         m_new,
         alpha * l + tl.sum(p, 1),
@@ -172,6 +174,7 @@ def _decode_kernel(
     cu_seqlens_q_ptr,
     seq_ids_ptr,
     scale,
+    window,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -195,9 +198,12 @@ def _decode_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
+    # window > 0 (chapter 15): only the last `window` positions, from the tile that holds the first
+    lo = tl.where(window > 0, tl.maximum(context_len - window, 0), 0)
+    first_tile = lo // BLOCK_N
     num_tiles = tl.cdiv(context_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    first = split * tiles_per_split
+    tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
+    first = first_tile + split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, num_tiles)
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
@@ -217,7 +223,8 @@ def _decode_kernel(
             BLOCK_N,
             UPCAST,
         )
-        m, l, acc = _online_softmax_update(q, k, v, (pos < context_len)[None, :], m, l, acc, scale)
+        visible = ((pos < context_len) & (pos >= lo))[None, :]
+        m, l, acc = _online_softmax_update(q, k, v, visible, m, l, acc, scale)
 
     if NUM_SPLITS == 1:
         o = acc / tl.where(l > 0, l, 1.0)[:, None]  # l == 0: an empty context (a padding row)
@@ -359,6 +366,7 @@ def paged_decode_attention(
         md.cu_seqlens_q,
         seq_ids,
         1 / math.sqrt(D),
+        md.sliding_window or 0,
         **decode_constants(q.dtype, (H, Hkv), D, cache.block_size, num_splits),
         UPCAST=interpreted_bf16(q),
     )
@@ -423,6 +431,7 @@ def _prefill_kernel(
     tile_seq_ptr,
     tile_start_ptr,
     scale,
+    window,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -454,8 +463,10 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     # causal: nothing past the last query
     keys_needed = tl.minimum(prefix + first_row + BLOCK_M, context_len)
+    # window > 0 (chapter 15): nothing before the tile's first row's window either
+    lo = tl.where(window > 0, tl.maximum(prefix + first_row + 1 - window, 0), 0)
     table = block_tables_ptr + seq * block_tables_stride
-    for t in range(0, tl.cdiv(keys_needed, BLOCK_N)):
+    for t in range(lo // BLOCK_N, tl.cdiv(keys_needed, BLOCK_N)):
         pos, k, v = _kv_tile(
             k_cache_ptr,
             v_cache_ptr,
@@ -469,9 +480,8 @@ def _prefill_kernel(
             BLOCK_N,
             UPCAST,
         )
-        # key 0 is visible to every query, so each row's running max is finite from the first
-        # tile on
         visible = (pos < context_len)[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible &= (window == 0) | (pos[None, :] > q_pos[:, None] - window)
         m, l, acc = _online_softmax_update(q, k, v, visible, m, l, acc, scale)
     o = acc / l[:, None]
     tl.store(
@@ -527,6 +537,7 @@ def paged_prefill_attention(
         tile_seq,
         tile_start,
         1 / math.sqrt(D),
+        md.sliding_window or 0,
         **prefill_constants(q.dtype, (H, Hkv), D, cache.block_size),
         UPCAST=interpreted_bf16(q),
     )

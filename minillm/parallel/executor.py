@@ -41,7 +41,7 @@ from ..engine.config import EngineConfig, EngineDeadError
 from ..engine.model_runner import ModelRunner
 from ..engine.worker import create_model_runner
 from ..loader import read_config
-from ..model import ModelConfig
+from ..model import config_from_hf
 from .layers import TPGroup, check_tp_size, load_model_shard
 from .store import bound_store
 
@@ -304,7 +304,7 @@ def start_tensor_parallel(cfg: EngineConfig, model_path, max_model_len: int) -> 
     """Rank 0's runner of a tensor-parallel group of `cfg.tensor_parallel_size` ranks. Under
     torchrun, the other ranks run their worker loop here and exit when rank 0 shuts down."""
     size = cfg.tensor_parallel_size
-    check_tp_size(ModelConfig.from_hf(read_config(model_path)), size)
+    check_tp_size(config_from_hf(read_config(model_path)), size)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:  # launched by torchrun
         if int(os.environ["WORLD_SIZE"]) != size:
             raise ValueError(

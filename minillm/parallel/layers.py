@@ -46,6 +46,11 @@ def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
 
 def check_tp_size(cfg: ModelConfig, size: int):
     "Raise a ValueError that lists the possible degrees if `cfg` cannot be split `size` ways."
+    if type(cfg) is not ModelConfig:
+        raise ValueError(
+            f"tensor parallelism splits chapter 2's Llama family; {cfg.architecture} (chapter 15) "
+            "runs with tensor_parallel_size=1"
+        )
     if size not in valid_tp_sizes(cfg):
         raise ValueError(
             f"tensor_parallel_size={size} cannot split this model ({cfg.num_heads} query heads, "

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..loader import default_gguf_path, read_config
-from ..model import CausalLM, ModelConfig, RotaryEmbedding, load_model
+from ..loader import ModelLoadError, default_gguf_path, read_config
+from ..model import CausalLM, ModelConfig, RotaryEmbedding, config_from_hf, load_model
 from .layers import QK, Int8Linear, int4_linear_class, quantize_int8
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -191,7 +191,12 @@ def load_gguf_quantized(
     per row), float tensors as float. CPU, float32 activations. `linear(g, names, rows, bias)`,
     `embedding(g, name)` and `served(name, kind)` say how another set of kernels (chapter 13b's)
     takes the tensors."""
-    cfg = ModelConfig.from_hf(read_config(config_dir))
+    cfg = config_from_hf(read_config(config_dir))
+    if type(cfg) is not ModelConfig:
+        raise ModelLoadError(
+            f"quantization='gguf' builds chapter 2's Llama family from the file's blocks; load "
+            f"{cfg.architecture} (chapter 15) without it: its GGUF is dequantized to float"
+        )
     g = GGUFTensors(gguf_path)
     with torch.device("meta"):
         model = CausalLM(cfg)
