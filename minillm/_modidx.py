@@ -1706,6 +1706,10 @@ d = {
                 "hybrid_models.html#hybridconfig.from_hf",
                 "minillm/hybrid/model.py",
             ),
+            "minillm.hybrid.model.HybridConfig.layer_specs": (
+                "hybrid_models.html#hybridconfig.layer_specs",
+                "minillm/hybrid/model.py",
+            ),
             "minillm.hybrid.model.HybridConfig.sliding_windows": (
                 "hybrid_models.html#hybridconfig.sliding_windows",
                 "minillm/hybrid/model.py",

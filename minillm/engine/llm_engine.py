@@ -38,6 +38,7 @@ from ..model import config_from_hf
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
 from .block_manager import BlockManager
 from .config import EngineConfig, EngineDeadError
+from .model_runner import hybrid_kv_cache
 from .request import Request
 from .scheduler import Scheduler, SchedulerOutput
 from .worker import create_model_runner
@@ -193,7 +194,7 @@ class LLMEngine:
             attention_backend=self.runner.attention_backend,
             enforce_eager=self.runner.graphs is None and self.runner.decoder is None,
         )
-        if max(self.runner.cache.layer_groups) > 0:  # chapter 15: a block table per KV group
+        if hybrid_kv_cache(mcfg):  # chapter 15: a block table per KV cache group
             from minillm.hybrid.kv_cache import HybridBlockManager
 
             args = self.runner.cache, cfg.enable_prefix_caching, cfg.max_num_batched_tokens
@@ -222,7 +223,7 @@ class LLMEngine:
         if cfg.kv_role is not None:  # chapter 14: prefill here and decode there, or the reverse
             from minillm.engine.kv_transfer import make_kv_connector
 
-            if max(self.runner.cache.layer_groups) > 0:
+            if hybrid_kv_cache(mcfg):
                 raise ValueError(
                     "kv_role: KV transfer (chapter 14) moves one block table per request; "
                     f"{mcfg.architecture} keeps one per KV cache group (chapter 15)"

@@ -13,6 +13,7 @@ import torch
 from minillm.engine.model_runner import (
     ModelRunner,
     cuda_memory_snapshot,
+    hybrid_kv_cache,
     kv_block_bytes,
     load_attention_backend,
     num_kv_blocks_for_memory,
@@ -40,6 +41,11 @@ def draft_model_budget(cfg: EngineConfig, dtype) -> tuple[int, int]:
         with safe_open(file, "pt") as f:
             numel += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
     draft = config_from_hf(read_config(path))
+    if hybrid_kv_cache(draft):  # its pool would be one group's (chapter 15): not built for drafts
+        raise ValueError(
+            f"speculative_config model: {draft.architecture}'s layers keep different spans of "
+            "the past (chapter 15); a draft model is one of chapter 2's Llama family"
+        )
     element = torch.empty((), dtype=dtype).element_size()
     return numel * element, kv_block_bytes(draft, cfg.block_size, dtype)
 

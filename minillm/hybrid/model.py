@@ -58,11 +58,23 @@ class HybridConfig(ModelConfig):
             raise ModelLoadError(f"{cls.__name__}: only default RoPE is supported (no scaling)")
         return cls(**asdict(ModelConfig.from_hf(c)) | cls.layer_specs(c) | extra)
 
+    @classmethod
+    def layer_specs(cls, c: dict) -> dict:
+        "`layer_windows` and `layer_rope_theta` from an architecture's config."
+        raise NotImplementedError
+
 
 def _rope_parameters(c: dict) -> dict:
-    "transformers 5 writes RoPE's settings per layer type, or once for all layers."
-    rope = c.get("rope_parameters") or {}
-    return rope if "full_attention" in rope else {"full_attention": rope}
+    """RoPE's settings by layer type: transformers 5 writes them per type or once for all layers;
+    4.x wrote `rope_theta` (and Gemma's `rope_local_base_freq`) at the top of the config."""
+    rope = c.get("rope_parameters")
+    if rope:
+        return rope if "full_attention" in rope else {"full_attention": rope}
+    kind = (c.get("rope_scaling") or {}).get("rope_type", "default")
+    out = {"full_attention": {"rope_type": kind, "rope_theta": c.get("rope_theta", 10000.0)}}
+    if "rope_local_base_freq" in c:
+        out["sliding_attention"] = {"rope_type": "default", "rope_theta": c["rope_local_base_freq"]}
+    return out
 
 
 # %% ../../nbs/15_hybrid_models.ipynb #86e4491d
@@ -74,16 +86,18 @@ class SmolLM3Config(HybridConfig):
     def layer_specs(cls, c: dict) -> dict:
         theta = float(_rope_parameters(c)["full_attention"].get("rope_theta", 10000.0))
         window = c.get("sliding_window") if c.get("use_sliding_window") else None
-        kinds = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
+        n, interval = c["num_hidden_layers"], c.get("no_rope_layer_interval", 4)
+        kinds = c.get("layer_types") or ["full_attention"] * n
+        uses_rope = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
         return dict(
             layer_windows=tuple(window if k == "sliding_attention" else None for k in kinds),
-            layer_rope_theta=tuple(theta if rope else None for rope in c["no_rope_layers"]),
+            layer_rope_theta=tuple(theta if rope else None for rope in uses_rope),
         )
 
 
 class HybridCausalLM(CausalLM):
     """Chapter 2's decoder, each layer rotating by its own RoPE base or not at all; attention
-    (with each layer's window) comes from outside, as before."""
+    (with each layer's window) comes from outside, as before. SmolLM3 is this model as it is."""
 
     config_class = SmolLM3Config
 
@@ -139,8 +153,13 @@ class Gemma3Config(HybridConfig):
     @classmethod
     def layer_specs(cls, c: dict) -> dict:
         rope = _rope_parameters(c)
+        rope.setdefault("sliding_attention", {"rope_theta": 10000.0})  # Gemma 3's local default
         theta = {k: float(p["rope_theta"]) for k, p in rope.items()}
-        kinds = c["layer_types"]
+        pattern = c.get("sliding_window_pattern", 6)  # 4.x configs: every sixth layer global
+        kinds = c.get("layer_types") or [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(c["num_hidden_layers"])
+        ]
         window = c["sliding_window"]
         return dict(
             layer_windows=tuple(window if k == "sliding_attention" else None for k in kinds),
