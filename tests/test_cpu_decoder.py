@@ -89,8 +89,8 @@ def test_gguf_blocks_multiply_as_the_gguf_package_reads_them(kind, rows, runs, x
         load_decoder_kernels().dequantize_blocks(blocks, GGUF_KINDS[kind], k), floats
     )
     x = torch.randn(x_rows, k, generator=torch.Generator().manual_seed(seed))
-    got = CpuLinear([blocks], [GGUF_KINDS[kind]], k, rows)(x)
-    torch.testing.assert_close(got, x @ floats.T, rtol=1e-4, atol=1e-4)
+    err = (CpuLinear([blocks], [GGUF_KINDS[kind]], k, rows)(x) - x @ floats.T).abs()
+    assert bool((err <= 1e-5 * (x.abs() @ floats.abs().T) + 1e-6).all())  # as in the AVX2 check
 
 
 def test_segments_of_different_types_and_a_bias():
@@ -99,10 +99,12 @@ def test_segments_of_different_types_and_a_bias():
     bias = torch.randn(50)
     kinds = [GGUF_KINDS[k] for k in ("Q4_K", "Q6_K", "Q8_0")]
     layer = CpuLinear([b1, b2, b3], kinds, 512, 50, bias)
+    floats, g = torch.cat([f1, f2, f3]), torch.Generator().manual_seed(4)
     for x_rows in (1, 3, 16, 17, 40):
-        x = torch.randn(x_rows, 512)
-        want = x @ torch.cat([f1, f2, f3]).T + bias
-        torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-4)
+        x = torch.randn(x_rows, 512, generator=g)
+        err = (layer(x) - (x @ floats.T + bias)).abs()
+        # float32 sums of 512 products in another order: bounded by their magnitudes, not flat
+        assert bool((err <= 1e-5 * (x.abs() @ floats.abs().T + bias.abs()) + 1e-6).all()), x_rows
 
 
 def test_bad_input_is_refused_by_name():
