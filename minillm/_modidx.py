@@ -508,6 +508,16 @@ d = {
                 "minillm/course/exercises/ch15.py",
             ),
         },
+        "minillm.course.exercises.ch15b": {
+            "minillm.course.exercises.ch15b.check_conv_continue": (
+                "linear_attention.html#check_conv_continue",
+                "minillm/course/exercises/ch15b.py",
+            ),
+            "minillm.course.exercises.ch15b.check_delta_step": (
+                "linear_attention.html#check_delta_step",
+                "minillm/course/exercises/ch15b.py",
+            ),
+        },
         "minillm.course.naive": {
             "minillm.course.naive.Generation": (
                 "naive_generate.html#generation",
@@ -658,6 +668,16 @@ d = {
             "minillm.course.solutions.ch15.my_window_mask": (
                 "hybrid_models.html#my_window_mask",
                 "minillm/course/solutions/ch15.py",
+            ),
+        },
+        "minillm.course.solutions.ch15b": {
+            "minillm.course.solutions.ch15b.my_conv_continue": (
+                "linear_attention.html#my_conv_continue",
+                "minillm/course/solutions/ch15b.py",
+            ),
+            "minillm.course.solutions.ch15b.my_delta_step": (
+                "linear_attention.html#my_delta_step",
+                "minillm/course/solutions/ch15b.py",
             ),
         },
         "minillm.detokenizer": {
@@ -1341,6 +1361,10 @@ d = {
                 "model_runner.html#make_kv_cache",
                 "minillm/engine/model_runner.py",
             ),
+            "minillm.engine.model_runner.make_state_pool": (
+                "model_runner.html#make_state_pool",
+                "minillm/engine/model_runner.py",
+            ),
             "minillm.engine.model_runner.num_kv_blocks_for_memory": (
                 "model_runner.html#num_kv_blocks_for_memory",
                 "minillm/engine/model_runner.py",
@@ -1351,6 +1375,10 @@ d = {
             ),
             "minillm.engine.model_runner.resolve_attention_backend": (
                 "model_runner.html#resolve_attention_backend",
+                "minillm/engine/model_runner.py",
+            ),
+            "minillm.engine.model_runner.state_bytes": (
+                "model_runner.html#state_bytes",
                 "minillm/engine/model_runner.py",
             ),
             "minillm.engine.model_runner.triton_usable": (
@@ -1536,6 +1564,20 @@ d = {
             "minillm.engine.worker.size_kv_pool": (
                 "engine.html#size_kv_pool",
                 "minillm/engine/worker.py",
+            ),
+        },
+        "minillm.hybrid.gated_delta": {
+            "minillm.hybrid.gated_delta.chunked_gated_delta": (
+                "linear_attention.html#chunked_gated_delta",
+                "minillm/hybrid/gated_delta.py",
+            ),
+            "minillm.hybrid.gated_delta.l2norm": (
+                "linear_attention.html#l2norm",
+                "minillm/hybrid/gated_delta.py",
+            ),
+            "minillm.hybrid.gated_delta.recurrent_gated_delta": (
+                "linear_attention.html#recurrent_gated_delta",
+                "minillm/hybrid/gated_delta.py",
             ),
         },
         "minillm.hybrid.kv_cache": {
@@ -1725,6 +1767,154 @@ d = {
             "minillm.hybrid.model._rope_parameters": (
                 "hybrid_models.html#_rope_parameters",
                 "minillm/hybrid/model.py",
+            ),
+        },
+        "minillm.hybrid.qwen3_5": {
+            "minillm.hybrid.qwen3_5.GatedAttention": (
+                "linear_attention.html#gatedattention",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.GatedAttention.__init__": (
+                "linear_attention.html#gatedattention.__init__",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.GatedAttention.forward": (
+                "linear_attention.html#gatedattention.forward",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.GatedDeltaNet": (
+                "linear_attention.html#gateddeltanet",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.GatedDeltaNet.__init__": (
+                "linear_attention.html#gateddeltanet.__init__",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.GatedDeltaNet.forward": (
+                "linear_attention.html#gateddeltanet.forward",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.GatedRMSNorm": (
+                "linear_attention.html#gatedrmsnorm",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.GatedRMSNorm.forward": (
+                "linear_attention.html#gatedrmsnorm.forward",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5Config": (
+                "linear_attention.html#qwen3_5config",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5Config.conv_dim": (
+                "linear_attention.html#qwen3_5config.conv_dim",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5Config.from_hf": (
+                "linear_attention.html#qwen3_5config.from_hf",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5Config.sliding_windows": (
+                "linear_attention.html#qwen3_5config.sliding_windows",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5Config.state_layers": (
+                "linear_attention.html#qwen3_5config.state_layers",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5Config.state_shapes": (
+                "linear_attention.html#qwen3_5config.state_shapes",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5DecoderLayer": (
+                "linear_attention.html#qwen3_5decoderlayer",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5DecoderLayer.__init__": (
+                "linear_attention.html#qwen3_5decoderlayer.__init__",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5DecoderLayer.forward": (
+                "linear_attention.html#qwen3_5decoderlayer.forward",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5ForCausalLM": (
+                "linear_attention.html#qwen3_5forcausallm",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5ForCausalLM.__init__": (
+                "linear_attention.html#qwen3_5forcausallm.__init__",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+            "minillm.hybrid.qwen3_5.Qwen3_5ForCausalLM.make_rotary": (
+                "linear_attention.html#qwen3_5forcausallm.make_rotary",
+                "minillm/hybrid/qwen3_5.py",
+            ),
+        },
+        "minillm.hybrid.states": {
+            "minillm.hybrid.states.StateBatch": (
+                "linear_attention.html#statebatch",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateBatch.__post_init__": (
+                "linear_attention.html#statebatch.__post_init__",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateBatch._read": (
+                "linear_attention.html#statebatch._read",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateBatch.conv": (
+                "linear_attention.html#statebatch.conv",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateBatch.delta_rule": (
+                "linear_attention.html#statebatch.delta_rule",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StatePool": (
+                "linear_attention.html#statepool",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StatePool.__init__": (
+                "linear_attention.html#statepool.__init__",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StatePool.batch": (
+                "linear_attention.html#statepool.batch",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StatePool.nbytes": (
+                "linear_attention.html#statepool.nbytes",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StatePool.slot_bytes": (
+                "linear_attention.html#statepool.slot_bytes",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateSlotManager": (
+                "linear_attention.html#stateslotmanager",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateSlotManager.__init__": (
+                "linear_attention.html#stateslotmanager.__init__",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateSlotManager.allocate": (
+                "linear_attention.html#stateslotmanager.allocate",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateSlotManager.can_allocate": (
+                "linear_attention.html#stateslotmanager.can_allocate",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StateSlotManager.free": (
+                "linear_attention.html#stateslotmanager.free",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.check_state_model": (
+                "linear_attention.html#check_state_model",
+                "minillm/hybrid/states.py",
             ),
         },
         "minillm.kernels.aot": {
@@ -2160,6 +2350,10 @@ d = {
             ),
             "minillm.model.ModelConfig.sliding_windows": (
                 "kv_cache.html#modelconfig.sliding_windows",
+                "minillm/model.py",
+            ),
+            "minillm.model.ModelConfig.state_layers": (
+                "kv_cache.html#modelconfig.state_layers",
                 "minillm/model.py",
             ),
             "minillm.model.RMSNorm": ("kv_cache.html#rmsnorm", "minillm/model.py"),

@@ -95,8 +95,14 @@ class ModelConfig:
 
     @property
     def sliding_windows(self) -> list[int | None]:
-        "How many past tokens each layer attends to; None: all (chapter 15's models window some)."
+        """How many past tokens each layer that keeps K/V attends to; None: all (chapter 15's
+        models window some, chapter 15b's keep K/V in only some layers)."""
         return [None] * self.num_layers
+
+    @property
+    def state_layers(self) -> int:
+        "Layers that keep a fixed-size recurrent state instead of K/V (chapter 15b): none here."
+        return 0
 
 
 # %% ../nbs/02_kv_cache.ipynb #a59df528
@@ -371,10 +377,10 @@ def no_cache_attention(layer: int, q, k, v) -> torch.Tensor:
 
 # %% ../nbs/02_kv_cache.ipynb #b12c5b21
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype=torch.float32) -> int:
-    "Bytes of K and V one token occupies across all layers."
+    "Bytes of K and V one token occupies across the layers that keep them."
     return (
         2
-        * cfg.num_layers
+        * len(cfg.sliding_windows)
         * cfg.num_kv_heads
         * cfg.head_dim
         * torch.empty((), dtype=dtype).element_size()

@@ -140,9 +140,11 @@ class PagedAttention:
         metadata: AttentionMetadata,
         backend: AttentionBackend = TORCH_ATTENTION,
         group_metadata: list[AttentionMetadata] = (),
+        states=None,
     ):
-        "`group_metadata`: the block tables and slots of KV cache groups 1, 2, ... (chapter 15)."
-        self.cache, self.metadata, self.backend = cache, metadata, backend
+        """`group_metadata`: the block tables and slots of KV cache groups 1, 2, ... (chapter 15);
+        `states`: the recurrent layers' states for this batch (chapter 15b's `StateBatch`)."""
+        self.cache, self.metadata, self.backend, self.states = cache, metadata, backend, states
         self.groups = [metadata, *group_metadata]
         # per-batch work once per (group, window), not per layer
         kinds = set(zip(cache.layer_groups, cache.sliding_windows))

@@ -25,6 +25,7 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)
     # chapter 15: the block tables of KV cache groups 1, 2, ... (group 0's is block_table)
     group_tables: list[list[int]] = field(default_factory=list)
+    state_slot: int | None = None  # chapter 15b: where its recurrent layers' states live
 
     def __len__(self):
         return len(self.token_ids)

@@ -26,6 +26,7 @@ class FlatBatch:
     num_logits: list[int] | None = None  # how many of those rows each sequence has
     # chapter 15: KV cache groups 1, 2, ...: the metadata with their block tables and slots
     group_metadata: list[AttentionMetadata] = ()
+    state_slots: list[int | None] = ()  # chapter 15b: each sequence's recurrent state slot
 
 
 def slots_of(block_table: list[int], positions, block_size: int) -> list[int]:
@@ -93,6 +94,7 @@ def build_flat_batch(
         tensor(logits_at, torch.long),
         num_logits,
         groups,
+        [s.state_slot for s in seqs],
     )
 
 

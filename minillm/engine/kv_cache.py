@@ -41,7 +41,7 @@ class PagedKVCache:
         cls, cfg, num_blocks: int, block_size: int = 16, dtype=torch.float32, device="cpu", **kw
     ):
         "A pool shaped for a model's config (`kw`: a subclass's own options)."
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (len(cfg.sliding_windows), num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         cache = cls(*shape, dtype, device, **kw)
         cache.sliding_windows = cfg.sliding_windows
         return cache

@@ -199,6 +199,12 @@ class LLMEngine:
 
             args = self.runner.cache, cfg.enable_prefix_caching, cfg.max_num_batched_tokens
             self.block_manager = HybridBlockManager.for_cache(*args)
+        elif mcfg.state_layers:  # chapter 15b: a recurrent state slot per sequence
+            from minillm.hybrid.states import StateSlotManager, check_state_model
+
+            check_state_model(self.config, mcfg)
+            self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
+            self.block_manager = StateSlotManager(num_blocks, cfg.block_size, cfg.max_num_seqs)
         else:
             self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.proposer = None

@@ -14,6 +14,8 @@ __all__ = [
     "hybrid_kv_cache",
     "kv_block_bytes",
     "make_kv_cache",
+    "make_state_pool",
+    "state_bytes",
     "cuda_memory_snapshot",
     "num_kv_blocks_for_memory",
     "profile_run",
@@ -122,8 +124,9 @@ def kv_block_bytes(cfg, block_size: int, dtype, kv_cache_dtype: str = "auto") ->
     if hybrid_kv_cache(cfg):
         from minillm.hybrid.kv_cache import kv_cache_groups  # chapter 15
 
-        layers = len(kv_cache_groups(cfg.sliding_windows)[0])
-        return block_size * kv_cache_bytes_per_token(cfg, dtype) // cfg.num_layers * layers
+        windows = cfg.sliding_windows
+        layers = len(kv_cache_groups(windows)[0])
+        return block_size * kv_cache_bytes_per_token(cfg, dtype) // len(windows) * layers
     if kv_cache_dtype == "auto":
         return block_size * kv_cache_bytes_per_token(cfg, dtype)
     from minillm.quantization.kv_cache import quantized_kv_bytes_per_token  # chapter 13
@@ -147,6 +150,24 @@ def make_kv_cache(
     return QuantizedKVCache.for_model(
         cfg, num_blocks, block_size, dtype, device, kv_cache_dtype=kv_cache_dtype
     )
+
+
+def make_state_pool(cfg, num_slots: int, dtype, device):
+    "Chapter 15b's pool of recurrent states, a slot per running sequence; None without such layers."
+    if not cfg.state_layers:
+        return None
+    from minillm.hybrid.states import StatePool
+
+    return StatePool(cfg, num_slots, dtype, device)
+
+
+def state_bytes(cfg, dtype) -> int:
+    "Bytes of one sequence's recurrent states (chapter 15b); 0 without such layers."
+    if not cfg.state_layers:
+        return 0
+    from minillm.hybrid.states import StatePool
+
+    return StatePool.slot_bytes(cfg, dtype)
 
 
 def cuda_memory_snapshot(device: torch.device) -> tuple[int, int, int]:
@@ -210,8 +231,8 @@ def profile_run(
 ) -> int:
     """The largest step the scheduler can produce, for its peak memory: `num_tokens` tokens in
     sequences of at most `max_seq_len`, through the backend that will serve, then sampling
-    `max_num_seqs` rows with every filter on. Returns the bytes of the small KV pool it used, which
-    are not part of a step's activations."""
+    `max_num_seqs` rows with every filter on. Returns the bytes of the small KV pool (and recurrent
+    states) it used, which are not part of a step's activations."""
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     lengths = [max_seq_len] * (num_tokens // max_seq_len) + (
         [num_tokens % max_seq_len] if num_tokens % max_seq_len else []
@@ -219,18 +240,21 @@ def profile_run(
     seqs, first = [], 0
     for i, n in enumerate(lengths):
         blocks = cdiv(n, block_size)
-        seqs.append(Sequence(i, [0] * n, block_table=list(range(first, first + blocks))))
+        table = list(range(first, first + blocks))
+        seqs.append(Sequence(i, [0] * n, block_table=table, state_slot=i))
         first += blocks
     cache = PagedKVCache.for_model(model.config, first, block_size, dtype, device)
     batch = build_flat_batch(seqs, lengths, block_size, device)
-    hidden = model(batch.input_ids, batch.positions, PagedAttention(cache, batch.metadata, backend))
+    pool = make_state_pool(model.config, len(seqs), dtype, device)  # chapter 15b
+    attention = PagedAttention(cache, batch.metadata, backend, states=pool and pool.batch(batch))
+    hidden = model(batch.input_ids, batch.positions, attention)
     rows = min(max_num_seqs, len(hidden))
     logits = model.compute_logits(hidden[:rows])
     every_filter = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05)
     if len(logits):  # under tensor parallelism (chapter 11) only rank 0 holds logits and samples
         st = SamplingTensors.from_params([every_filter] * rows, model.config.vocab_size, device)
         sample(logits, st)
-    return cache.nbytes
+    return cache.nbytes + (pool.nbytes if pool else 0)
 
 
 # %% ../../nbs/07a_model_runner.ipynb #4e9114ce
@@ -250,7 +274,10 @@ class ModelRunner:
         kv_cache_dtype: str = "auto",
         cpu_kernels: bool = True,
         fused_cpu_step: bool = True,
+        max_num_seqs: int = 64,
     ):
+        "`max_num_seqs`: the sequences a step runs at most, each with a slot of recurrent states."
+
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         # the noise of requests without a seed
@@ -279,10 +306,13 @@ class ModelRunner:
         self.cache = make_kv_cache(
             model.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
         )
+        self.states = make_state_pool(model.config, max_num_seqs, self.dtype, self.device)
         self.graphs = None
         on_gpu = self.device.type == "cuda" and self.attention_backend == "triton"
-        # a graph's block tables are one group's: chapter 15's hybrid pools run eagerly
-        if cuda_graph_max_batch and on_gpu and not hybrid_kv_cache(model.config):
+        # a graph's block tables are one group's, and it knows no recurrent states: chapter 15's
+        # hybrid pools and 15b's states run eagerly
+        eager = hybrid_kv_cache(model.config) or self.states is not None
+        if cuda_graph_max_batch and on_gpu and not eager:
             # chapter 8c: decode steps replayed from captured graphs
             from minillm.engine.cuda_graphs import CUDAGraphDecoder
 
@@ -347,7 +377,7 @@ class ModelRunner:
         if self.decoder is not None and self.decoder.can_run(batch, self.cache):
             hidden = self.decoder.forward(batch, self.cache)  # chapter 13b: one C++ call
         else:
-            groups = batch.group_metadata
-            attention = PagedAttention(self.cache, batch.metadata, self.backend, groups)
+            groups, states = batch.group_metadata, self.states and self.states.batch(batch)
+            attention = PagedAttention(self.cache, batch.metadata, self.backend, groups, states)
             hidden = self.model(batch.input_ids, batch.positions, attention)
         return self.model.compute_logits(hidden[batch.logits_indices])

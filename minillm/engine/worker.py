@@ -19,6 +19,7 @@ from minillm.engine.model_runner import (
     num_kv_blocks_for_memory,
     profile_run,
     resolve_attention_backend,
+    state_bytes,
 )
 
 from ..loader import read_config, resolve_model_path
@@ -52,11 +53,19 @@ def draft_model_budget(cfg: EngineConfig, dtype) -> tuple[int, int]:
 
 def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) -> int:
     """The number of KV blocks that fit beside `model` (see `num_kv_blocks_for_memory`), and
-    beside a draft model's weights and blocks (chapter 12); on CUDA after a profile run."""
+    beside a draft model's weights and blocks (chapter 12) and recurrent states (chapter 15b); on
+    CUDA after a profile run."""
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     mcfg = model.config
     draft_weights, draft_block = draft_model_budget(cfg, dtype)
     extra = draft_weights if device.type == "cuda" else 0  # on CPU the budget is the KV's alone
+    states = cfg.max_num_seqs * state_bytes(mcfg, dtype)  # chapter 15b: part of the KV budget
+    if device.type == "cpu" and states >= cfg.kv_cache_memory_gb * 2**30:
+        raise ValueError(
+            f"max_num_seqs={cfg.max_num_seqs} slots of recurrent states take "
+            f"{states / 2**30:.2f} GiB of kv_cache_memory_gb={cfg.kv_cache_memory_gb}: lower "
+            "max_num_seqs or raise kv_cache_memory_gb"
+        )
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -74,7 +83,7 @@ def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) ->
         )
         torch.cuda.synchronize(device)
         activations = torch.cuda.max_memory_allocated(device) - before - pool_bytes
-        extra = -pool_bytes
+        extra = states - pool_bytes
         if not cfg.enforce_eager:  # CUDA graphs keep a decode step's activations and its logits
             extra += activations * min(1.0, cfg.max_num_seqs / cfg.max_num_batched_tokens)
             extra += cfg.max_num_seqs * mcfg.vocab_size * 4
@@ -84,7 +93,7 @@ def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) ->
         cfg.block_size,
         dtype,
         device,
-        cfg.kv_cache_memory_gb,
+        cfg.kv_cache_memory_gb - states / 2**30,
         cfg.gpu_memory_utilization,
         baseline,
         int(extra),
@@ -120,4 +129,5 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
         max_model_len=max_model_len,
         seed=cfg.seed,
         kv_cache_dtype=cfg.kv_cache_dtype,
+        max_num_seqs=cfg.max_num_seqs,
     )

@@ -57,9 +57,10 @@ def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
 
 
 def quantized_kv_bytes_per_token(cfg, kv_cache_dtype: str) -> int:
-    "Bytes of K and V one token occupies across all layers: one byte a value, 4 a scale per head."
+    """Bytes of K and V one token occupies across the layers that keep them: one byte a value, 4 a
+    scale per head."""
     check_kv_cache_dtype(kv_cache_dtype)
-    return 2 * cfg.num_layers * cfg.num_kv_heads * (cfg.head_dim + 4)
+    return 2 * len(cfg.sliding_windows) * cfg.num_kv_heads * (cfg.head_dim + 4)
 
 
 # %% ../../nbs/13_quantization.ipynb #8f5fffb6

@@ -254,6 +254,11 @@ def quantize_model(model: CausalLM, scheme: str, group_size: int = QK) -> Causal
     `group_size`); the embedding and the LM head stay float, as vLLM leaves them."""
     if scheme not in ("int8", "int4"):
         raise ValueError(f"quantize_model quantizes to 'int8' or 'int4', not {scheme!r}")
+    if model.config.state_layers:  # chapter 15b's Gated DeltaNet layers have other projections
+        raise ValueError(
+            f"quantization={scheme!r}: {model.config.architecture}'s recurrent layers are not "
+            "quantized by this chapter; serve the model unquantized (quantization=None)"
+        )
 
     def make(linear: nn.Linear) -> nn.Module:
         if scheme == "int8":

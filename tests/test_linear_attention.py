@@ -1,0 +1,185 @@
+"""Chapter 15b: Qwen3.5's Gated DeltaNet layers against transformers: the rule alone, and the whole
+model's greedy tokens through every attention backend, prompt chunks, batched decodes and
+preemption; the state slots given back; what recurrent states cannot do, refused by name."""
+
+import logging
+import random
+
+import pytest
+import torch
+from helpers import hf_greedy
+
+from minillm.bench.random_models import random_model_dir
+from minillm.engine.attention import TORCH_ATTENTION
+from minillm.engine.block_manager import Sequence
+from minillm.engine.model_runner import profile_run
+from minillm.hybrid.gated_delta import chunked_gated_delta, l2norm, recurrent_gated_delta
+from minillm.hybrid.states import StateSlotManager
+from minillm.llm import LLM
+from minillm.loader import load_hf_model
+from minillm.model import load_model
+from minillm.sampling import SamplingParams
+
+QWEN3_5 = dict(
+    architectures=["Qwen3_5ForCausalLM"],
+    model_type="qwen3_5_text",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=8,  # layers 4 and 8 full attention, the rest Gated DeltaNet
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,  # each key head serves two value heads
+    linear_num_value_heads=4,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+)
+MAX_TOKENS = 24
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    "(directory, prompts, transformers' greedy tokens) of a random-weight Qwen3.5."
+    path = random_model_dir(tmp_path_factory.mktemp("qwen3_5"), QWEN3_5, seed=1)
+    with torch.no_grad():  # norms away from their initial zeros (1 + w), so they are tested
+        hf = load_hf_model(path)
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+        hf.save_pretrained(path)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, 512) for _ in range(rng.randrange(1, 70))] for _ in range(8)]
+    hf = load_hf_model(path)
+    return path, prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+
+
+def check(llm, prompts, refs):
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == refs
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and len(bm.free_slots) == bm.num_slots
+    assert not llm.engine.requests
+
+
+@pytest.mark.parametrize("chunk", [16, 512])
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_greedy_equals_transformers(qwen, backend, chunk):
+    "Prompts in chunks of 16 (each continuing the states the last left) or whole, decodes batched."
+    path, prompts, refs = qwen
+    llm = LLM(str(path), attention_backend=backend, max_num_batched_tokens=chunk, block_size=4)
+    check(llm, prompts, refs)
+
+
+def test_triton_attention_layers(qwen):
+    "The attention layers through the Triton kernels (the interpreter here), three prompts."
+    path, prompts, refs = qwen
+    llm = LLM(str(path), attention_backend="triton", max_num_batched_tokens=16, block_size=4)
+    check(llm, prompts[:3], refs[:3])
+
+
+def test_preemption_starts_states_again(qwen):
+    path, prompts, refs = qwen
+    llm = LLM(str(path), num_kv_blocks=40, block_size=4, max_num_batched_tokens=16)
+    check(llm, prompts, refs)
+    assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_fewer_slots_than_requests(qwen):
+    "Four slots for eight requests: the rest wait for a slot; nothing is mixed up."
+    path, prompts, refs = qwen
+    llm = LLM(str(path), max_num_seqs=4, max_num_batched_tokens=16, block_size=4)
+    assert llm.engine.block_manager.num_slots == 4
+    check(llm, prompts, refs)
+
+
+def test_bfloat16_runs_close_to_float32(qwen):
+    "The model's dtype for the projections and the convolution; the rule's state stays float32."
+    path, prompts, refs = qwen
+    llm = LLM(str(path), dtype="bfloat16", max_num_batched_tokens=16, block_size=4)
+    assert llm.engine.runner.states.rule.dtype == torch.float32
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    first = [o.outputs[0].token_ids[0] for o in outs]
+    assert sum(a == r[0] for a, r in zip(first, refs)) >= 6  # a random model's near ties aside
+
+
+def test_recurrent_states_refuse_by_name(qwen, caplog):
+    path = str(qwen[0])
+    with pytest.raises(ValueError, match="speculative_config: Qwen3_5ForCausalLM keeps recurrent"):
+        LLM(path, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="kv_role: Qwen3_5ForCausalLM keeps recurrent"):
+        LLM(path, kv_role="producer", kv_transfer_address="127.0.0.1:1")
+    with pytest.raises(ValueError, match="tensor parallelism splits chapter 2's Llama family"):
+        LLM(path, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="recurrent layers are not quantized"):
+        LLM(path, quantization="int8")
+    with pytest.raises(ValueError, match="slots of recurrent states take .* lower max_num_seqs"):
+        LLM(path, kv_cache_memory_gb=0.001)
+    with caplog.at_level(logging.WARNING, logger="minillm"):
+        llm = LLM(path)
+    assert "prefix caching is off" in caplog.text
+    assert llm.engine.config.enable_prefix_caching is False
+
+
+def test_profile_run_gives_the_recurrent_layers_states(qwen):
+    "The memory profile (run on CUDA before sizing the pool) drives the linear layers too."
+    model = load_model(qwen[0])
+    pool_bytes = profile_run(model, TORCH_ATTENTION, 64, 40, 4, 16)
+    kv_bytes = 2 * 2 * 2 * 16 * 32 * 4  # 2 attention layers, K and V, 2 heads of 32, float32
+    assert pool_bytes > kv_bytes * 64 // 16  # the KV blocks and the states
+
+
+@pytest.mark.parametrize("chunk", [64, 5])
+def test_rule_against_transformers(chunk):
+    "Both forms of the rule against transformers' references, from a state, keys shared by heads."
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as ref
+
+    torch.manual_seed(0)
+    n, hk, hv, dk, dv = 70, 2, 4, 8, 6
+    q, k = torch.randn(1, n, hk, dk), torch.randn(1, n, hk, dk)
+    v, g, beta = torch.randn(1, n, hv, dv), -torch.rand(1, n, hv), torch.rand(1, n, hv)
+    s0 = torch.randn(1, hv, dk, dv)
+    args = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    want, want_state = ref.torch_chunk_gated_delta_rule(q, k, v, g, beta, **args)
+    qs = (l2norm(q) / dk**0.5).repeat_interleave(2, 2)[0].transpose(0, 1)
+    ks = l2norm(k).repeat_interleave(2, 2)[0].transpose(0, 1)
+    x = [qs, ks, v[0].transpose(0, 1), g[0].T, beta[0].T]
+    out, state = chunked_gated_delta(*x, s0[0], chunk_size=chunk)
+    assert torch.allclose(out.transpose(0, 1), want[0], atol=1e-5)
+    assert torch.allclose(state, want_state[0], atol=1e-5)
+    state, outs = s0.clone(), []
+    for t in range(n):
+        outs.append(recurrent_gated_delta(*[y[None, :, t] for y in x], state))
+    assert torch.allclose(torch.stack(outs, 2)[0], out, atol=1e-5)
+
+
+def test_slot_manager_random_walk():
+    "Random allocations and frees: a slot has one holder at a time, and all come back."
+    rng = random.Random(0)
+    bm = StateSlotManager(num_blocks=64, block_size=4, num_slots=5)
+    live = []
+    for step in range(2000):
+        if live and (rng.random() < 0.4 or len(live) == 5):
+            bm.free(live.pop(rng.randrange(len(live))))
+        else:
+            seq = Sequence(step, [1] * rng.randint(1, 20))
+            n = rng.randint(1, len(seq))
+            if bm.can_allocate(seq, n):
+                bm.allocate(seq, n)
+                live.append(seq)
+        held = [s.state_slot for s in live]
+        assert len(set(held)) == len(held) and None not in held
+        assert sorted(held + bm.free_slots) == list(range(5))
+    for seq in live:
+        bm.free(seq)
+    assert len(bm.free_slots) == 5 and bm.num_free_blocks == bm.num_blocks
+    with pytest.raises(RuntimeError, match="out of state slots"):
+        held = [Sequence(i, [1]) for i in range(6)]
+        for seq in held:
+            bm.allocate(seq, 1)
