@@ -1884,8 +1884,16 @@ d = {
                 "linear_attention.html#statepool.batch",
                 "minillm/hybrid/states.py",
             ),
+            "minillm.hybrid.states.StatePool.commit": (
+                "linear_attention.html#statepool.commit",
+                "minillm/hybrid/states.py",
+            ),
             "minillm.hybrid.states.StatePool.nbytes": (
                 "linear_attention.html#statepool.nbytes",
+                "minillm/hybrid/states.py",
+            ),
+            "minillm.hybrid.states.StatePool.num_slots": (
+                "linear_attention.html#statepool.num_slots",
                 "minillm/hybrid/states.py",
             ),
             "minillm.hybrid.states.StatePool.slot_bytes": (

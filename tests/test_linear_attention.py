@@ -4,6 +4,7 @@ preemption; the state slots given back; what recurrent states cannot do, refused
 
 import logging
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,9 +13,10 @@ from helpers import hf_greedy
 from minillm.bench.random_models import random_model_dir
 from minillm.engine.attention import TORCH_ATTENTION
 from minillm.engine.block_manager import Sequence
+from minillm.engine.config import EngineConfig
 from minillm.engine.model_runner import profile_run
 from minillm.hybrid.gated_delta import chunked_gated_delta, l2norm, recurrent_gated_delta
-from minillm.hybrid.states import StateSlotManager
+from minillm.hybrid.states import StateSlotManager, check_state_model
 from minillm.llm import LLM
 from minillm.loader import load_hf_model
 from minillm.model import load_model
@@ -113,6 +115,9 @@ def test_recurrent_states_refuse_by_name(qwen, caplog):
     path = str(qwen[0])
     with pytest.raises(ValueError, match="speculative_config: Qwen3_5ForCausalLM keeps recurrent"):
         LLM(path, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    mixed = SimpleNamespace(architecture="Mixed", sliding_windows=[8, None])
+    with pytest.raises(ValueError, match="sliding windows .* and recurrent states"):
+        check_state_model(EngineConfig(), mixed)
     with pytest.raises(ValueError, match="kv_role: Qwen3_5ForCausalLM keeps recurrent"):
         LLM(path, kv_role="producer", kv_transfer_address="127.0.0.1:1")
     with pytest.raises(ValueError, match="tensor parallelism splits chapter 2's Llama family"):
@@ -121,7 +126,7 @@ def test_recurrent_states_refuse_by_name(qwen, caplog):
         LLM(path, quantization="int8")
     with pytest.raises(ValueError, match="slots of recurrent states take .* lower max_num_seqs"):
         LLM(path, kv_cache_memory_gb=0.001)
-    with caplog.at_level(logging.WARNING, logger="minillm"):
+    with caplog.at_level(logging.INFO, logger="minillm"):
         llm = LLM(path)
     assert "prefix caching is off" in caplog.text
     assert llm.engine.config.enable_prefix_caching is False
@@ -183,3 +188,28 @@ def test_slot_manager_random_walk():
         held = [Sequence(i, [1]) for i in range(6)]
         for seq in held:
             bm.allocate(seq, 1)
+
+
+def test_a_step_that_fails_late_leaves_the_states(qwen):
+    """A step that fails after its forward pass (as sampling might) is run again request by
+    request; the states it had computed were never written, so the others' tokens stay exact."""
+    path, prompts, refs = qwen
+    # a token id in no other request, that makes a step raise once its forward pass has run
+    poison = next(t for t in range(2, 512) if all(t not in p + r for p, r in zip(prompts, refs)))
+    llm = LLM(str(path), max_num_batched_tokens=16, block_size=4)
+    runner = llm.engine.runner
+    forward = runner.forward
+
+    def fails_late(batch):
+        logits = forward(batch)
+        if (batch.input_ids == poison).any():
+            raise RuntimeError("poisoned step")
+        return logits
+
+    runner.forward = fails_late
+    bad = [5] * 30 + [poison, 9]  # poisoned in a later chunk, beside sequences well under way
+    outs = llm.generate(prompts[:4] + [bad], GREEDY, use_tqdm=False)
+    assert outs[-1].finish_reason == "error" and "poisoned step" in outs[-1].error
+    assert [o.outputs[0].token_ids for o in outs[:4]] == refs[:4]
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and len(bm.free_slots) == bm.num_slots

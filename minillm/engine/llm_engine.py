@@ -174,6 +174,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
         mcfg = config_from_hf(read_config(self.model_path))
+        if mcfg.state_layers:  # chapter 15b: what recurrent states cannot do, before loading
+            from minillm.hybrid.states import check_state_model
+
+            check_state_model(cfg, mcfg)
         self.max_model_len = min(
             cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
         )
@@ -200,11 +204,11 @@ class LLMEngine:
             args = self.runner.cache, cfg.enable_prefix_caching, cfg.max_num_batched_tokens
             self.block_manager = HybridBlockManager.for_cache(*args)
         elif mcfg.state_layers:  # chapter 15b: a recurrent state slot per sequence
-            from minillm.hybrid.states import StateSlotManager, check_state_model
+            from minillm.hybrid.states import StateSlotManager
 
-            check_state_model(self.config, mcfg)
             self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
-            self.block_manager = StateSlotManager(num_blocks, cfg.block_size, cfg.max_num_seqs)
+            slots = self.runner.states.num_slots
+            self.block_manager = StateSlotManager(num_blocks, cfg.block_size, slots)
         else:
             self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.proposer = None

@@ -342,29 +342,31 @@ class ModelRunner:
             else:
                 logits = self.forward(batch)
         result = [[] for _ in out.requests]
-        if not rows and not any(prompt_logits):
-            return result
-        with record_function("minillm::sample"):
-            sampled = SampleRows.of(out.requests, rows, batch.num_logits)
-            if any(r.params.processes_logits for r in out.requests):
-                # chapter 12b: logprobs, penalties, biases, structured outputs
-                from minillm.engine.logits_processor import sample_processed
+        if rows or any(prompt_logits):
+            with record_function("minillm::sample"):
+                sampled = SampleRows.of(out.requests, rows, batch.num_logits)
+                if any(r.params.processes_logits for r in out.requests):
+                    # chapter 12b: logprobs, penalties, biases, structured outputs
+                    from minillm.engine.logits_processor import sample_processed
 
-                args = batch.num_logits, out.requests, sampled, self.generator
-                tokens = sample_processed(logits, *args)
-            elif any(r.spec_token_ids for r in out.requests):
-                from minillm.spec_decode.rejection_sampler import verify_drafts  # chapter 12
+                    args = batch.num_logits, out.requests, sampled, self.generator
+                    tokens = sample_processed(logits, *args)
+                elif any(r.spec_token_ids for r in out.requests):
+                    from minillm.spec_decode.rejection_sampler import verify_drafts  # chapter 12
 
-                tokens = verify_drafts(logits[sampled.picked], sampled, self.generator)
-            else:
-                reqs = sampled.requests
-                params = [r.params for r in reqs]
-                st = SamplingTensors.from_params(params, self.model.config.vocab_size, self.device)
-                generators = [r.generator for r in reqs]
-                drawn = sample(logits[sampled.picked], st, generators, self.generator)
-                tokens = [[t] for t in drawn.tolist()]
-        for i, t in zip(rows, tokens):
-            result[i] = t
+                    tokens = verify_drafts(logits[sampled.picked], sampled, self.generator)
+                else:
+                    reqs = sampled.requests
+                    params = [r.params for r in reqs]
+                    vocab = self.model.config.vocab_size
+                    st = SamplingTensors.from_params(params, vocab, self.device)
+                    generators = [r.generator for r in reqs]
+                    drawn = sample(logits[sampled.picked], st, generators, self.generator)
+                    tokens = [[t] for t in drawn.tolist()]
+            for i, t in zip(rows, tokens):
+                result[i] = t
+        if self.states is not None:  # chapter 15b: the step is done, its new states are kept
+            self.states.commit()
         return result
 
     def shutdown(self):

@@ -147,7 +147,7 @@ class GatedAttention(nn.Module):
         self.rotated = int(self.d * cfg.partial_rotary_factor)
         width = (2 * self.h + 2 * self.hkv) * self.d  # query and gate, then key and value
         self.qkv_proj = nn.Linear(cfg.hidden_size, width, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.qkv_bias)
         self.q_norm = GemmaRMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.d, cfg.rms_norm_eps)
 

@@ -20,17 +20,31 @@ logger = logging.getLogger("minillm")
 
 class StatePool:
     """Each recurrent layer's states, `num_slots` of each: the convolution's last inputs in the
-    model's dtype, the delta rule's state in float32 (it sums the whole past, every token)."""
+    model's dtype, the delta rule's state in float32 (it sums the whole past, every token). A
+    step's new states wait in `pending` until `commit`: a step that fails after some layers (or in
+    sampling) leaves every state as it was, so the step can run again (K/V writes can repeat; a
+    state update cannot)."""
 
     def __init__(self, cfg, num_slots: int, dtype, device):
         conv, rule = cfg.state_shapes
         self.conv = torch.zeros(cfg.state_layers, num_slots, *conv, dtype=dtype, device=device)
         self.rule = torch.zeros(cfg.state_layers, num_slots, *rule, device=device)
-        self.num_slots = num_slots
+        self.pending: list[tuple] = []  # (pool tensor, slot index, new states)
+
+    @property
+    def num_slots(self) -> int:
+        return self.rule.shape[1]
 
     @property
     def nbytes(self) -> int:
+        "The pool's memory."
         return sum(t.numel() * t.element_size() for t in (self.conv, self.rule))
+
+    def commit(self):
+        "Write the step's new states into their slots."
+        for states, slots, new in self.pending:
+            states[slots] = new
+        self.pending = []
 
     @staticmethod
     def slot_bytes(cfg, dtype) -> int:
@@ -41,6 +55,7 @@ class StatePool:
     def batch(self, flat) -> "StateBatch":
         "The states a flat batch's sequences read and write, in its order."
         md = flat.metadata
+        self.pending = []  # a failed step's states are not written
         fresh = [c == n for c, n in zip(md.context_lens_list, md.query_lens)]
         return StateBatch(self, flat.state_slots, md.query_starts, md.query_lens, fresh)
 
@@ -69,7 +84,7 @@ class StateBatch:
     def _read(self, states: torch.Tensor) -> torch.Tensor:
         "The single-token sequences' states, zero for those that start from nothing."
         fresh = self.one_fresh.view(-1, *[1] * (states.dim() - 1))
-        return states[self.one_slots].masked_fill(fresh, 0)
+        return states[self.one_slots].masked_fill_(fresh, 0)  # a copy: filled in place
 
     def conv(self, layer: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """silu of the causal depthwise convolution (`weight` [channels, kernel]) over each
@@ -97,12 +112,13 @@ class StateBatch:
             rows, slot = slice(self.starts[s], self.starts[s] + self.lens[s]), self.slots[s]
             past = torch.zeros_like(states[slot]) if self.fresh[s] else states[slot]
             t = [x[rows].transpose(0, 1) for x in (q, k, v, g, beta)]
-            o, states[slot] = chunked_gated_delta(*t, past)
+            o, new = chunked_gated_delta(*t, past)
+            self.pool.pending.append((states, slot, new))
             out[rows] = o.transpose(0, 1)
         if len(self.one_rows):
             state, r = self._read(states), self.one_rows
             out[r] = recurrent_gated_delta(q[r], k[r], v[r], g[r], beta[r], state)
-            states[self.one_slots] = state
+            self.pool.pending.append((states, self.one_slots, state))
         return out
 
 
@@ -146,8 +162,13 @@ def check_state_model(cfg, mcfg):
     for name, reason in why.items():
         if getattr(cfg, name):
             raise ValueError(f"{name}: {mcfg.architecture} keeps recurrent states; {reason}")
+    if len(set(mcfg.sliding_windows)) > 1:
+        raise ValueError(
+            f"{mcfg.architecture}: sliding windows (chapter 15) and recurrent states in one model "
+            "are not supported together"
+        )
     if cfg.enable_prefix_caching:
-        logger.warning(
+        logger.info(
             "%s keeps recurrent states: prefix caching is off (a hit would need the state at "
             "the end of the cached prefix)",
             mcfg.architecture,
