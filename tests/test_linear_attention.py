@@ -213,3 +213,33 @@ def test_a_step_that_fails_late_leaves_the_states(qwen):
     assert [o.outputs[0].token_ids for o in outs[:4]] == refs[:4]
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and len(bm.free_slots) == bm.num_slots
+
+
+def test_states_are_written_only_by_commit():
+    """A step's conv and rule states wait in `pending`: nothing in the pool moves until `commit`
+    (which the runner calls once the step has sampled), then exactly the step's slots move."""
+    from minillm.engine.input_batch import build_flat_batch
+    from minillm.hybrid.qwen3_5 import Qwen3_5Config
+    from minillm.hybrid.states import StatePool
+
+    cfg = Qwen3_5Config.from_hf(QWEN3_5)
+    pool = StatePool(cfg, 3, torch.float32, "cpu")
+    torch.manual_seed(0)
+    pool.rule.normal_(), pool.conv.normal_()
+    seqs = [
+        Sequence(0, list(range(2, 12)), num_computed_tokens=6, block_table=[0, 1, 2], state_slot=2),
+        Sequence(1, [3, 4, 5], num_computed_tokens=2, block_table=[3], state_slot=0),
+    ]
+    batch = pool.batch(build_flat_batch(seqs, [4, 1], 4))  # a prompt chunk and a decode
+    rule, conv = pool.rule.clone(), pool.conv.clone()
+    hv, dk, dv, T = 4, 16, 16, 5
+    batch.conv(0, torch.randn(T, cfg.conv_dim), torch.randn(cfg.conv_dim, cfg.conv_kernel))
+    q, k = l2norm(torch.randn(T, hv, dk)), l2norm(torch.randn(T, hv, dk))
+    batch.delta_rule(0, q, k, torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv))
+    assert torch.equal(pool.rule, rule) and torch.equal(pool.conv, conv)
+    pool.commit()
+    for slot in (0, 2):
+        assert not torch.equal(pool.rule[0, slot], rule[0, slot])
+        assert not torch.equal(pool.conv[0, slot], conv[0, slot])
+    assert torch.equal(pool.rule[0, 1], rule[0, 1]) and torch.equal(pool.rule[1:], rule[1:])
+    assert not pool.pending

@@ -90,18 +90,16 @@ class StateBatch:
         """silu of the causal depthwise convolution (`weight` [channels, kernel]) over each
         sequence's new rows of x [T, channels], continuing from its last inputs."""
         states, out = self.pool.conv[layer], torch.empty_like(x)
+        kept = states.shape[-1]  # kernel - 1 inputs
         for s in self.longer:
-            rows, state = (
-                slice(self.starts[s], self.starts[s] + self.lens[s]),
-                states[self.slots[s]],
-            )
-            past = torch.zeros_like(state) if self.fresh[s] else state
+            rows, slot = slice(self.starts[s], self.starts[s] + self.lens[s]), self.slots[s]
+            past = torch.zeros_like(states[slot]) if self.fresh[s] else states[slot]
             window = torch.cat([past, x[rows].T], -1)  # [channels, kernel - 1 + n]
-            state.copy_(window[:, window.shape[1] - state.shape[1] :])
+            self.pool.pending.append((states, slot, window[:, window.shape[1] - kept :]))
             out[rows] = F.conv1d(window[None], weight[:, None], groups=len(weight))[0].T
         if len(self.one_rows):
             window = torch.cat([self._read(states), x[self.one_rows, :, None]], -1)
-            states[self.one_slots] = window[:, :, 1:]
+            self.pool.pending.append((states, self.one_slots, window[:, :, 1:]))
             out[self.one_rows] = F.conv1d(window, weight[:, None], groups=len(weight))[..., 0]
         return F.silu(out)
 
