@@ -119,8 +119,8 @@ def hybrid_kv_cache(cfg) -> bool:
 
 
 def kv_block_bytes(cfg, block_size: int, dtype, kv_cache_dtype: str = "auto") -> int:
-    """Bytes of one KV block across all layers (in the model's dtype, or chapter 13's int8/fp8);
-    where layers differ, across the layers of one KV cache group (chapter 15)."""
+    """Bytes of one KV block across the layers that keep K/V (in the model's dtype, or chapter
+    13's int8/fp8); where layers differ, across the layers of one KV cache group (chapter 15)."""
     if hybrid_kv_cache(cfg):
         from minillm.hybrid.kv_cache import kv_cache_groups  # chapter 15
 

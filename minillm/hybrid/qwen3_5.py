@@ -70,6 +70,7 @@ class Qwen3_5Config(ModelConfig):
 
     @property
     def state_layers(self) -> int:
+        "The Gated DeltaNet layers: each keeps a state per sequence, no K/V."
         return self.layer_types.count("linear_attention")
 
     @property
@@ -113,6 +114,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(hidden, values, bias=False)  # the output gate
         self.in_proj_b = nn.Linear(hidden, self.hv, bias=False)  # write strength
         self.in_proj_a = nn.Linear(hidden, self.hv, bias=False)  # decay
+        # holds the convolution's weight [channels, 1, kernel]; `states.conv` applies it
         self.conv1d = nn.Conv1d(
             cfg.conv_dim, cfg.conv_dim, cfg.conv_kernel, groups=cfg.conv_dim, bias=False
         )

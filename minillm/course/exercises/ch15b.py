@@ -17,19 +17,19 @@ from ...hybrid.gated_delta import l2norm, recurrent_gated_delta
 def check_delta_step(fn, trials: int = 20):
     "`fn(q, k, v, g, beta, state) -> (out, state)` for one head, against the batched rule."
     torch.manual_seed(0)
-    for _ in range(trials):
-        dk, dv = random.Random(_).choice([(4, 3), (8, 8), (16, 5)])
-        ref, mine = torch.randn(1, 1, dk, dv), None
+    rng = random.Random(0)
+    for trial in range(trials):
+        dk, dv = rng.choice([(4, 3), (8, 8), (16, 5)])
+        ref = torch.randn(1, 1, dk, dv)
         mine = ref[0, 0].clone()
-        for _t in range(6):
+        for step in range(6):
             q, k = l2norm(torch.randn(dk)) / dk**0.5, l2norm(torch.randn(dk))
             v, g, beta = torch.randn(dv), -torch.rand(()), torch.rand(())
-            want = recurrent_gated_delta(
-                q[None, None], k[None, None], v[None, None], g.view(1, 1), beta.view(1, 1), ref
-            )
+            args = q[None, None], k[None, None], v[None, None], g.view(1, 1), beta.view(1, 1)
+            want = recurrent_gated_delta(*args, ref)
             out, mine = fn(q, k, v, g, beta, mine)
-            assert torch.allclose(out, want[0, 0], atol=1e-5), "the output differs"
-            assert torch.allclose(mine, ref[0, 0], atol=1e-5), "the state differs"
+            assert torch.allclose(out, want[0, 0], atol=1e-5), f"step {step}: the output differs"
+            assert torch.allclose(mine, ref[0, 0], atol=1e-5), f"step {step}: the state differs"
     print("delta step: equal to the rule over", trials, "sequences")
 
 
@@ -37,7 +37,7 @@ def check_conv_continue(fn, trials: int = 20):
     "`fn(x, past, weight) -> (out, past)`, in pieces, against one convolution over the whole."
     rng = random.Random(0)
     torch.manual_seed(0)
-    for _ in range(trials):
+    for trial in range(trials):
         C, K, n = rng.randint(1, 6), rng.randint(2, 5), rng.randint(1, 30)
         x, weight = torch.randn(C, n), torch.randn(C, K)
         whole = F.conv1d(F.pad(x, (K - 1, 0))[None], weight[:, None], groups=C)[0]
