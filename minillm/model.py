@@ -65,6 +65,7 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_scaling: dict | None = None
+    num_experts: int = 0  # experts per feed-forward layer (chapter 16); 0: dense
 
     @classmethod
     def from_hf(cls, c: dict) -> "ModelConfig":
@@ -235,6 +236,7 @@ class CausalLM(nn.Module):
     from outside."""
 
     config_class = ModelConfig  # chapter 15's architectures have their own
+    cuda_graphs = True  # can a decode step be captured (chapter 8c)? Chapter 16's experts cannot
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -259,6 +261,10 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, rope, attn)
         return self.model.norm(x)
+
+    def checkpoint_tensors(self, state: dict) -> dict:
+        "A checkpoint's tensors under this model's names (chapter 16 stacks its experts')."
+        return state
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         "Logits [N, vocab] in float32 for the N rows of `hidden` that are sampled."
@@ -342,7 +348,7 @@ def load_model(model_dir=None, dtype=torch.float32, device="cpu") -> CausalLM:
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    load_weights(model, load_state_dict(model_dir, device))
+    load_weights(model, model.checkpoint_tensors(load_state_dict(model_dir, device)))
     model.to(dtype)
     model.rotary = model.make_rotary().to(device)
     return model.eval()

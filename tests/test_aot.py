@@ -84,6 +84,21 @@ def test_the_report_compiles_what_the_quantized_layers_launch(monkeypatch):
     assert set(launches) == compiled
 
 
+def test_the_report_compiles_what_the_fused_experts_launch(monkeypatch):
+    "Chapter 16's two MoE kernels, whatever the top k (a runtime argument, not a constexpr)."
+    from minillm.moe import triton_moe as tm
+
+    compiled = {c.constants for c in aot.moe_configs(torch.bfloat16)}
+    launches = record(monkeypatch, tm, ("_gate_up_kernel", "_down_kernel"), torch.bfloat16)
+    for top_k in (1, 2, 8):
+        experts = torch.randint(0, 8, (5, top_k))
+        weights = torch.rand(5, top_k)
+        x = torch.randn(5, 32).bfloat16()
+        w13, w2 = torch.randn(8, 64, 32).bfloat16(), torch.randn(8, 32, 32).bfloat16()
+        tm.fused_moe(x, w13, w2, weights, experts)
+    assert set(launches) == compiled
+
+
 def test_the_report_model_uses_the_engines_block_size():
     assert aot.BLOCK_SIZE == EngineConfig().block_size
     labels = [c.label for c in aot.engine_configs()]

@@ -122,7 +122,7 @@ def test_recurrent_states_refuse_by_name(qwen, caplog):
         LLM(path, kv_role="producer", kv_transfer_address="127.0.0.1:1")
     with pytest.raises(ValueError, match="tensor parallelism splits chapter 2's Llama family"):
         LLM(path, tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="recurrent layers are not quantized"):
+    with pytest.raises(ValueError, match="have no self_attn.qkv_proj to quantize"):
         LLM(path, quantization="int8")
     with pytest.raises(ValueError, match="slots of recurrent states take .* lower max_num_seqs"):
         LLM(path, kv_cache_memory_gb=0.001)

@@ -310,8 +310,8 @@ class ModelRunner:
         self.graphs = None
         on_gpu = self.device.type == "cuda" and self.attention_backend == "triton"
         # a graph's block tables are one group's, and it knows no recurrent states: chapter 15's
-        # hybrid pools and 15b's states run eagerly
-        eager = hybrid_kv_cache(model.config) or self.states is not None
+        # hybrid pools and 15b's states run eagerly, as do models that say so (chapter 16)
+        eager = hybrid_kv_cache(model.config) or self.states is not None or not model.cuda_graphs
         if cuda_graph_max_batch and on_gpu and not eager:
             # chapter 8c: decode steps replayed from captured graphs
             from minillm.engine.cuda_graphs import CUDAGraphDecoder

@@ -20,6 +20,7 @@ __all__ = [
     "KernelConfig",
     "attention_configs",
     "quantized_configs",
+    "moe_configs",
     "engine_configs",
     "signature",
     "Resources",
@@ -169,12 +170,23 @@ def quantized_configs(dtype: torch.dtype) -> list[KernelConfig]:
     return configs
 
 
+def moe_configs(dtype: torch.dtype) -> list[KernelConfig]:
+    "Chapter 16's two fused MoE launches (its tiles; the top k is a runtime argument)."
+    from minillm.moe import triton_moe as tm
+
+    types = dict(pair_ptr="*i64", block_expert_ptr="*i32")
+    gate_up = KernelConfig.of(tm._gate_up_kernel, dtype, tm.BLOCKS, **types)
+    down = KernelConfig.of(tm._down_kernel, dtype, tm.BLOCKS, weight_ptr="*fp32", **types)
+    return [gate_up, down]
+
+
 def engine_configs() -> list[KernelConfig]:
     "Every Triton launch the engine can make: each dtype, head_dim, split count and tile height."
     configs = []
     for dtype in DTYPES:
         configs += [c for d in HEAD_DIMS for c in attention_configs(dtype, d)]
         configs += quantized_configs(dtype)
+        configs += moe_configs(dtype)
     return configs
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "ParallelLMHead",
+    "SummedOverRanks",
     "load_model_shard",
 ]
 
@@ -29,27 +30,30 @@ from torch import nn
 
 from ..engine.block_manager import cdiv
 from ..loader import ModelLoadError, read_config
-from ..model import CausalLM, ModelConfig, RotaryEmbedding, load_weights
+from ..model import MLP, CausalLM, ModelConfig, load_weights, model_class
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #09519ebe
 def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
-    """The tensor-parallel degrees `cfg` can be split into: N divides the query heads and the MLP,
-    and N divides the KV heads or they divide N."""
+    """The tensor-parallel degrees `cfg` can be split into: N divides the query heads, the MLP and
+    the experts (chapter 16), and N divides the KV heads or they divide N."""
     h, hkv, inter = cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
     return [
         n
         for n in range(1, h + 1)
-        if h % n == 0 and inter % n == 0 and (hkv % n == 0 or n % hkv == 0)
+        if h % n == 0
+        and inter % n == 0
+        and (hkv % n == 0 or n % hkv == 0)
+        and cfg.num_experts % n == 0
     ]
 
 
 def check_tp_size(cfg: ModelConfig, size: int):
     "Raise a ValueError that lists the possible degrees if `cfg` cannot be split `size` ways."
-    if type(cfg) is not ModelConfig:
+    if type(cfg) is not ModelConfig and not cfg.num_experts:
         raise ValueError(
-            f"tensor parallelism splits chapter 2's Llama family; {cfg.architecture} (chapter 15) "
-            "runs with tensor_parallel_size=1"
+            f"tensor parallelism splits chapter 2's Llama family and chapter 16's experts; "
+            f"{cfg.architecture} runs with tensor_parallel_size=1"
         )
     if size not in valid_tp_sizes(cfg):
         raise ValueError(
@@ -68,16 +72,18 @@ def kv_heads_of(num_kv_heads: int, rank: int, size: int) -> tuple[int, int]:
     return rank // (size // num_kv_heads), 1
 
 
-def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
-    """The shapes one rank holds: its heads and its slice of the MLP. `vocab_size` stays whole: it
-    is the sampler's and the tokenizer's vocabulary; the vocab-parallel layers pad their slices."""
+def local_config(cfg: ModelConfig, size: int, rank: int = 0) -> ModelConfig:
+    """The shapes `rank` holds: its heads, its slice of the MLP, its share of the experts.
+    `vocab_size` stays whole: it is the sampler's and the tokenizer's vocabulary; the
+    vocab-parallel layers pad their slices."""
     check_tp_size(cfg, size)
-    return replace(
+    local = replace(
         cfg,
         num_heads=cfg.num_heads // size,
         num_kv_heads=kv_heads_of(cfg.num_kv_heads, 0, size)[1],
         intermediate_size=cfg.intermediate_size // size,
     )
+    return replace(local, expert_shard=(rank, size)) if cfg.num_experts else local  # chapter 16
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #c2b3ac00
@@ -85,6 +91,8 @@ def shard_rule(name: str, cfg: ModelConfig, rank: int, size: int) -> tuple[int, 
     """(dimension, start, stop) of checkpoint tensor `name` that `rank` keeps; None: every rank
     keeps it all."""
     d, hq, inter = cfg.head_dim, cfg.num_heads // size, cfg.intermediate_size // size
+    if ".experts." in name:  # chapter 16: whole experts; the model keeps those of its rank
+        return None
     if ".q_proj." in name:  # column-parallel by query heads (weight and bias)
         return 0, rank * hq * d, (rank + 1) * hq * d
     if ".k_proj." in name or ".v_proj." in name:
@@ -220,27 +228,42 @@ class ParallelLMHead(nn.Module):
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #beaad006
+class SummedOverRanks(nn.Module):
+    "A module each rank computes a share of (chapter 16: its experts' part of each token): summed."
+
+    def __init__(self, module: nn.Module, tp: TPGroup):
+        super().__init__()
+        self.module, self.tp = module, tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.module(x))
+
+
 def load_model_shard(model_dir, dtype, device, tp: TPGroup) -> CausalLM:
     """Rank `tp.rank`'s slice of the model in `model_dir`, its layers wired to the group's
     collectives."""
-    full = ModelConfig.from_hf(read_config(model_dir))
-    cfg = local_config(full, tp.size)
+    config = read_config(model_dir)
+    cls = model_class(config)  # chapter 2's decoder, or chapter 16's with experts
+    full = cls.config_class.from_hf(config)
+    cfg = local_config(full, tp.size, tp.rank)
     rows = cdiv(full.vocab_size, tp.size)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = cls(cfg)
         model.model.embed_tokens = nn.Embedding(rows, cfg.hidden_size)
         model.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    load_weights(model, load_state_dict_shard(model_dir, full, tp.rank, tp.size, device))
+    state = load_state_dict_shard(model_dir, full, tp.rank, tp.size, device)
+    load_weights(model, model.checkpoint_tensors(state))
     model.to(dtype)
-    model.rotary = RotaryEmbedding(
-        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-    ).to(device)
+    model.rotary = model.make_rotary().to(device)
     for layer in model.model.layers:
         layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj, tp)
-        layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj, tp)
+        if isinstance(layer.mlp, MLP):
+            layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj, tp)
+        else:  # chapter 16: this rank's experts
+            layer.mlp = SummedOverRanks(layer.mlp, tp)
     model.model.embed_tokens = VocabParallelEmbedding(model.model.embed_tokens, tp)
     model.lm_head = ParallelLMHead(model.lm_head, full.vocab_size, tp)
     return model.eval()

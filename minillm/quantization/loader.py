@@ -249,16 +249,24 @@ LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.do
 QUANTIZATIONS = ("gguf", "int8", "int4")
 
 
+def _submodule(layer: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return layer.get_submodule(name)
+    except AttributeError:
+        return None
+
+
 def quantize_model(model: CausalLM, scheme: str, group_size: int = QK) -> CausalLM:
     """Every linear layer of the decoder as Int8Linear or Int4Linear ("int8", "int4" in groups of
     `group_size`); the embedding and the LM head stay float, as vLLM leaves them."""
     if scheme not in ("int8", "int4"):
         raise ValueError(f"quantize_model quantizes to 'int8' or 'int4', not {scheme!r}")
-    if model.config.state_layers:  # chapter 15b's Gated DeltaNet layers have other projections
-        raise ValueError(
-            f"quantization={scheme!r}: {model.config.architecture}'s recurrent layers are not "
-            "quantized by this chapter; serve the model unquantized (quantization=None)"
-        )
+    for name in LINEARS:  # chapter 15b's recurrent layers and 16's experts have other shapes
+        if not all(isinstance(_submodule(layer, name), nn.Linear) for layer in model.model.layers):
+            raise ValueError(
+                f"quantization={scheme!r}: some of {model.config.architecture}'s layers have no "
+                f"{name} to quantize; serve the model unquantized (quantization=None)"
+            )
 
     def make(linear: nn.Linear) -> nn.Module:
         if scheme == "int8":
