@@ -2529,6 +2529,10 @@ d = {
                 "mixture_of_experts.html#fused_moe",
                 "minillm/moe/triton_moe.py",
             ),
+            "minillm.moe.triton_moe.moe_constants": (
+                "mixture_of_experts.html#moe_constants",
+                "minillm/moe/triton_moe.py",
+            ),
         },
         "minillm.parallel.executor": {
             "minillm.parallel.executor.TPModelRunner": (

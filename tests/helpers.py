@@ -45,3 +45,14 @@ def openai_client(base: str, api_key: str = "none", timeout: float = 300):
 def ask(question: str) -> list[dict]:
     "One user message."
     return [{"role": "user", "content": question}]
+
+
+# the fields every tiny random-weight decoder of chapters 15-16's tests shares
+TINY_DECODER = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)

@@ -22,7 +22,9 @@ TEXTS = ["The cat sat on the mat.", "A cat is sitting on a rug.", "Stocks fell s
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with minillm_serve(model_dir, log, "--served-model-name", "m") as (base, _):
+    # a short context: the too-long test embeds a whole one
+    flags = "--served-model-name", "m", "--max-model-len", "1024"
+    with minillm_serve(model_dir, log, *flags) as (base, _):
         yield base
 
 

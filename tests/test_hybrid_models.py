@@ -5,7 +5,7 @@ attention backend, chunked prefill, prefix caching and preemption."""
 import random
 
 import pytest
-from helpers import hf_greedy, minillm_serve, openai_client
+from helpers import TINY_DECODER, hf_greedy, minillm_serve, openai_client
 
 from minillm.bench.random_models import random_model_dir
 from minillm.llm import LLM
@@ -14,39 +14,27 @@ from minillm.model import config_from_hf
 from minillm.sampling import SamplingParams
 
 WINDOW = 8  # small, so that prompts and outputs run far past it
-GEMMA3 = dict(
+GEMMA3 = TINY_DECODER | dict(
     architectures=["Gemma3ForCausalLM"],
     model_type="gemma3_text",
-    vocab_size=512,
-    hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=6,  # five sliding-window layers, then a global one
-    num_attention_heads=4,
     num_key_value_heads=1,
     head_dim=32,
     query_pre_attn_scalar=32,
     sliding_window=WINDOW,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
     rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
     },
 )
-SMOLLM3 = dict(
+SMOLLM3 = TINY_DECODER | dict(
     architectures=["SmolLM3ForCausalLM"],
     model_type="smollm3",
-    vocab_size=512,
-    hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=8,  # layers 4 and 8 without RoPE
-    num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
     rope_theta=5e6,
     pad_token_id=0,
 )

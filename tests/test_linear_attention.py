@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import hf_greedy
+from helpers import TINY_DECODER, hf_greedy
 
 from minillm.bench.random_models import random_model_dir
 from minillm.engine.attention import TORCH_ATTENTION
@@ -22,14 +22,11 @@ from minillm.loader import load_hf_model
 from minillm.model import load_model
 from minillm.sampling import SamplingParams
 
-QWEN3_5 = dict(
+QWEN3_5 = TINY_DECODER | dict(
     architectures=["Qwen3_5ForCausalLM"],
     model_type="qwen3_5_text",
-    vocab_size=512,
-    hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=8,  # layers 4 and 8 full attention, the rest Gated DeltaNet
-    num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,
     linear_conv_kernel_dim=4,
@@ -37,9 +34,6 @@ QWEN3_5 = dict(
     linear_value_head_dim=16,
     linear_num_key_heads=2,  # each key head serves two value heads
     linear_num_value_heads=4,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
     rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
 )
 MAX_TOKENS = 24

@@ -175,8 +175,9 @@ def moe_configs(dtype: torch.dtype) -> list[KernelConfig]:
     from minillm.moe import triton_moe as tm
 
     types = dict(pair_ptr="*i64", block_expert_ptr="*i32")
-    gate_up = KernelConfig.of(tm._gate_up_kernel, dtype, tm.BLOCKS, **types)
-    down = KernelConfig.of(tm._down_kernel, dtype, tm.BLOCKS, weight_ptr="*fp32", **types)
+    constants = tm.moe_constants(dtype)
+    gate_up = KernelConfig.of(tm._gate_up_kernel, dtype, constants, **types)
+    down = KernelConfig.of(tm._down_kernel, dtype, constants, weight_ptr="*fp32", **types)
     return [gate_up, down]
 
 

@@ -40,7 +40,7 @@ class MoEConfig(ModelConfig):
 
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
-    norm_topk_prob: bool = True  # rescale the chosen experts' weights to sum to one
+    norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to one
     moe_layers: tuple = ()
     expert_shard: tuple = (0, 1)
 
@@ -59,9 +59,8 @@ class Qwen3MoeConfig(MoEConfig):
     @classmethod
     def from_hf(cls, c: dict) -> "Qwen3MoeConfig":
         n, step = c["num_hidden_layers"], c.get("decoder_sparse_step", 1)
-        experts = c.get(
-            "num_experts", c.get("num_local_experts")
-        )  # transformers 5 writes the latter
+        # transformers 5 writes the number of experts as num_local_experts
+        experts = c.get("num_experts", c.get("num_local_experts")) or 0
         dense = set(c.get("mlp_only_layers") or ())
         moe = tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
         return cls(
@@ -101,8 +100,8 @@ class MixtralConfig(MoEConfig):
 
 # %% ../../nbs/16_mixture_of_experts.ipynb #5b702d73
 def experts_loop(x, w13, w2, weights, experts, first: int = 0) -> torch.Tensor:
-    """The reference: for each expert held (ids `first`, `first` + 1, ... with weights w13 [E, 2I,
-    H] and w2 [E, H, I]), the tokens of x [T, H] that chose it go through its SwiGLU, weighted,
+    """The reference: for each expert held (ids `first`, `first` + 1, ..., projections w13 [E,
+    2I, H] and w2 [E, H, I]), the tokens of x [T, H] that chose it go through its SwiGLU, weighted,
     and are added back. Returns [T, H]; experts not held add nothing."""
     out = torch.zeros_like(x)
     for e in range(len(w13)):
@@ -146,7 +145,8 @@ class Experts(nn.Module):
 class SparseMoeBlock(nn.Module):
     """The feed-forward layer as a mixture: route each token, run its experts, sum. `impl` picks
     the way: "grouped" (torch, sorted by expert), "loop" (the reference) or "triton" (the fused
-    kernel below; on a GPU, or on a CPU under the Triton interpreter)."""
+    kernels of `minillm.moe.triton_moe`: on a GPU, or on a CPU under the Triton interpreter);
+    None: "triton" on a GPU, "grouped" elsewhere."""
 
     def __init__(self, cfg: MoEConfig):
         super().__init__()
@@ -155,16 +155,17 @@ class SparseMoeBlock(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         args = len(cfg.local_experts), cfg.hidden_size, cfg.moe_intermediate_size
         self.experts = Experts(*args)
-        self.impl = "grouped"
+        self.impl: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = route(self.gate(x), self.top_k, self.normalize)
         w13, w2 = self.experts.gate_up_proj, self.experts.down_proj
-        if self.impl == "triton" or x.is_cuda:
+        impl = self.impl or ("triton" if x.is_cuda else "grouped")
+        if impl == "triton":
             from minillm.moe.triton_moe import fused_moe
 
             return fused_moe(x, w13, w2, weights, experts, self.first)
-        run = experts_loop if self.impl == "loop" else experts_grouped
+        run = experts_loop if impl == "loop" else experts_grouped
         return run(x, w13, w2, weights, experts, self.first)
 
 
@@ -184,6 +185,7 @@ class MoECausalLM(CausalLM):
     "Chapter 2's decoder with `SparseMoeBlock` as the feed-forward layer where `moe_layers` says."
 
     config_class = MoEConfig
+    cuda_graphs = False  # `sort_by_expert` sizes each layer's work on the host
 
     def __init__(self, cfg: MoEConfig):
         super().__init__(cfg)

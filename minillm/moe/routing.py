@@ -10,7 +10,7 @@ import torch
 
 
 def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's `top_k` experts [T, k] and their weights [T, k] (float32): a softmax over all
+    """Each token's weights [T, k] (float32) and `top_k` experts [T, k]: a softmax over all
     experts, the k largest kept, rescaled to sum to one if `normalize` (Mixtral's softmax over
     the top k logits is the same thing)."""
     weights, experts = torch.softmax(logits.float(), -1).topk(top_k, -1)
