@@ -304,6 +304,10 @@ d = {
                 "loader.html#chapterrun.done",
                 "minillm/course/chapter.py",
             ),
+            "minillm.course.chapter.ChapterRun.sized": (
+                "loader.html#chapterrun.sized",
+                "minillm/course/chapter.py",
+            ),
             "minillm.course.chapter._same": ("loader.html#_same", "minillm/course/chapter.py"),
             "minillm.course.chapter._stub": ("loader.html#_stub", "minillm/course/chapter.py"),
             "minillm.course.chapter.chapter_exercises": (

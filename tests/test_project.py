@@ -72,3 +72,15 @@ def test_each_module_says_what_it_holds():
             docs.setdefault(doc, []).append(str(path.relative_to(ROOT / "minillm")))
     shared = {doc: paths for doc, paths in docs.items() if len(paths) > 1}
     assert not shared, shared
+
+
+def test_chapters_pick_their_long_form_by_one_variable(monkeypatch, capsys):
+    from minillm.course.chapter import LONG_FORM, ChapterRun
+
+    monkeypatch.delenv(LONG_FORM, raising=False)
+    assert ChapterRun().sized(8, 16) == 8 and "long form" not in capsys.readouterr().out
+    for off in ("", "0"):
+        monkeypatch.setenv(LONG_FORM, off)
+        assert ChapterRun().sized(8, 16) == 8
+    monkeypatch.setenv(LONG_FORM, "1")
+    assert ChapterRun().sized(8, 16) == 16 and "long form" in capsys.readouterr().out

@@ -4,6 +4,7 @@
 
 # %% auto #0
 __all__ = [
+    "LONG_FORM",
     "EXERCISES",
     "machine_summary",
     "ChapterRun",
@@ -52,12 +53,24 @@ def machine_summary() -> str:
     )
 
 
+LONG_FORM = "MINILLM_BOOK_LONG"  # set to 1: measurements at the sizes of the book's longer runs
+
+
 class ChapterRun:
-    "Prints the machine a chapter runs on when made, and the chapter's wall time at `done()`."
+    """Prints the machine a chapter runs on when made, and the chapter's wall time at `done()`.
+    `sized(short, long)` picks a measurement's size: the short form, which keeps every chapter
+    within minutes on a 2-core laptop, unless MINILLM_BOOK_LONG=1 asks for the long one."""
 
     def __init__(self):
         self.start = time.perf_counter()
+        self.long = os.environ.get(LONG_FORM, "") not in ("", "0")
         print(time.strftime("%Y-%m-%d"), machine_summary())
+        if self.long:
+            print(f"the long form ({LONG_FORM}=1): measurements at their larger sizes")
+
+    def sized(self, short, long):
+        "`short`, or `long` when the chapter runs in its long form."
+        return long if self.long else short
 
     def done(self):
         print(f"this chapter ran in {time.perf_counter() - self.start:.0f} s")
