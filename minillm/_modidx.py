@@ -2921,10 +2921,6 @@ d = {
                 "quantization.html#_quantized_embedding",
                 "minillm/quantization/loader.py",
             ),
-            "minillm.quantization.loader._quantized_linear": (
-                "quantization.html#_quantized_linear",
-                "minillm/quantization/loader.py",
-            ),
             "minillm.quantization.loader._served_as_shipped": (
                 "quantization.html#_served_as_shipped",
                 "minillm/quantization/loader.py",
@@ -2955,6 +2951,10 @@ d = {
             ),
             "minillm.quantization.loader.quantize_model": (
                 "quantization.html#quantize_model",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader.quantized_linear": (
+                "quantization.html#quantized_linear",
                 "minillm/quantization/loader.py",
             ),
             "minillm.quantization.loader.read_blocks": (

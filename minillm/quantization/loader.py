@@ -15,6 +15,7 @@ __all__ = [
     "Int8Embedding",
     "GGUFTensors",
     "llama_row_order",
+    "quantized_linear",
     "load_gguf_quantized",
     "quantize_model",
     "check_quantization",
@@ -132,9 +133,10 @@ def llama_row_order(n_rows: int, n_head: int) -> torch.Tensor:
 
 
 # %% ../../nbs/13_quantization.ipynb #15713885
-def _quantized_linear(g: GGUFTensors, names: list[str], rows: list, bias):
+def quantized_linear(g: GGUFTensors, names: list[str], rows: list, bias, int4_class=None):
     """One (possibly fused) linear layer from its GGUF pieces: Int4Linear when every piece is
-    Q4_0 or Q4_1, an nn.Linear of the gguf package's dequantized floats otherwise."""
+    Q4_0 or Q4_1 (of the device's class, `int4_linear_class`, unless `int4_class` names one), an
+    nn.Linear of the gguf package's dequantized floats otherwise."""
     if all(g.kind(n) in ("Q4_0", "Q4_1") for n in names):
         qs, ds, zs = [], [], []
         for n, order in zip(names, rows):
@@ -145,7 +147,7 @@ def _quantized_linear(g: GGUFTensors, names: list[str], rows: list, bias):
             qs.append(q)
             ds.append(d)
             zs.append(zero)
-        int4 = int4_linear_class(qs[0].device)
+        int4 = int4_class or int4_linear_class(qs[0].device)
         return int4(torch.cat(qs), torch.cat(ds), torch.cat(zs), QK, bias)
     w = torch.cat([g.float(n)[o] if o is not None else g.float(n) for n, o in zip(names, rows)])
     linear = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
@@ -182,7 +184,7 @@ def _quantized_embedding(g: GGUFTensors, name: str):
 def load_gguf_quantized(
     gguf_path,
     config_dir,
-    linear=_quantized_linear,
+    linear=quantized_linear,
     embedding=_quantized_embedding,
     served=_served_as_shipped,
 ) -> "CausalLM":
@@ -256,9 +258,12 @@ def _submodule(layer: nn.Module, name: str) -> nn.Module | None:
         return None
 
 
-def quantize_model(model: CausalLM, scheme: str, group_size: int = QK) -> CausalLM:
+def quantize_model(
+    model: CausalLM, scheme: str, group_size: int = QK, int4_class: type | None = None
+) -> CausalLM:
     """Every linear layer of the decoder as Int8Linear or Int4Linear ("int8", "int4" in groups of
-    `group_size`); the embedding and the LM head stay float, as vLLM leaves them."""
+    `group_size`); the embedding and the LM head stay float, as vLLM leaves them. int4 layers are
+    of the weights' device's class (`int4_linear_class`) unless `int4_class` names one."""
     if scheme not in ("int8", "int4"):
         raise ValueError(f"quantize_model quantizes to 'int8' or 'int4', not {scheme!r}")
     for name in LINEARS:  # chapter 15b's recurrent layers and 16's experts have other shapes
@@ -271,7 +276,8 @@ def quantize_model(model: CausalLM, scheme: str, group_size: int = QK) -> Causal
     def make(linear: nn.Linear) -> nn.Module:
         if scheme == "int8":
             return Int8Linear.from_float(linear)
-        return int4_linear_class(linear.weight.device).from_float(linear, group_size)
+        int4 = int4_class or int4_linear_class(linear.weight.device)
+        return int4.from_float(linear, group_size)
 
     for layer in model.model.layers:
         for name in LINEARS:
