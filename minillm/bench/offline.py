@@ -221,12 +221,14 @@ def offline_benchmark(
 
 
 def roofline_note(fraction: float) -> str:
-    "The share of the compute roofline, unless the measured peak is no ceiling (emulated dtypes)."
+    """The share of the compute roofline, unless the engine ran faster than the measured peak,
+    which is then no ceiling: an emulated dtype's rate (bfloat16 on a CPU without it), or one
+    library call's rate on square matrices, which the engine's own kernels can beat."""
     if fraction <= 1:
         return f", {fraction:.0%} of the compute roofline"
     return (
-        f", {fraction:.0f}x the peak measured on a square matmul: in this dtype this CPU has no "
-        "peak worth the name (it emulates it), so there is no roofline to compare with"
+        f", {fraction:.2f}x the peak measured on a square matmul: that peak is no ceiling here (an "
+        "emulated dtype's rate, or one library call's that the engine's kernels beat)"
     )
 
 
