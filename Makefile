@@ -103,7 +103,7 @@ gpu-check:  ## on a CUDA machine: kernel and CUDA-graph tests, exactness, kernel
 
 # Chapter 8b's compile report: Triton compiles for a GPU on any CPU (its wheel ships ptxas and cuobjdump).
 gpu-compile: $(STAMP)  ## every Triton kernel launch the engine makes, compiled for sm_80, sm_90 and sm_100 (no GPU needed): registers, spills, shared memory and occupancy into build/gpu_compile.json; fails if one cannot launch
-	mkdir -p build && TRITON_DEFAULT_FP_FUSION=1 $(BIN)/python -m minillm.kernels.aot build/gpu_compile.json
+	mkdir -p build && TRITON_DEFAULT_FP_FUSION=1 $(BIN)/python -m minillm.bench.gpu_compile build/gpu_compile.json
 
 # The same compile under the lent GPU machine's Triton (3.6; DESIGN.md), for its sm_90: Triton alone, in a side
 # environment outside .venv (the report's torch is only dtypes; the GPU machine's torch 2.11 is a CUDA build of GBs).
@@ -113,7 +113,7 @@ $(GPU_ENV)/.installed: | $(STAMP)
 	$(BIN)/pip install -q --no-deps --target $(GPU_ENV) triton==$(TRITON_GPU) && touch $@
 
 gpu-compile-h200: $(STAMP) $(GPU_ENV)/.installed  ## every launch compiled for sm_90 by the GPU machine's Triton (3.6, in a cached side environment): build/gpu_compile_triton3.6.0.json; fails on a spill or a launch it cannot make
-	mkdir -p build && PYTHONPATH=$(GPU_ENV) TRITON_CACHE_DIR=$(GPU_ENV)-cache $(BIN)/python -m minillm.kernels.aot --target sm_90 build/gpu_compile_triton$(TRITON_GPU).json
+	mkdir -p build && PYTHONPATH=$(GPU_ENV) TRITON_CACHE_DIR=$(GPU_ENV)-cache $(BIN)/python -m minillm.bench.gpu_compile --target sm_90 build/gpu_compile_triton$(TRITON_GPU).json
 
 gpu-check-dry: $(STAMP)  ## the same code on tiny shapes under the Triton interpreter: runs on any CPU (CI runs it in make test)
 	PYTHONPATH=. $(BIN)/python scripts/gpu_check.py $(GPU_OUT)-dry --dry

@@ -9,6 +9,100 @@ d = {
         "lib_path": "minillm",
     },
     "syms": {
+        "minillm.attention.input_batch": {
+            "minillm.attention.input_batch.FlatBatch": (
+                "paged_attention.html#flatbatch",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.SampleRows": (
+                "paged_attention.html#samplerows",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.SampleRows.drafts": (
+                "paged_attention.html#samplerows.drafts",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.SampleRows.of": (
+                "paged_attention.html#samplerows.of",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.SampleRows.owners": (
+                "paged_attention.html#samplerows.owners",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch._to_device": (
+                "paged_attention.html#_to_device",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.build_flat_batch": (
+                "paged_attention.html#build_flat_batch",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.slots_of": (
+                "paged_attention.html#slots_of",
+                "minillm/attention/input_batch.py",
+            ),
+        },
+        "minillm.attention.paged": {
+            "minillm.attention.paged.AttentionBackend": (
+                "paged_attention.html#attentionbackend",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.AttentionMetadata": (
+                "paged_attention.html#attentionmetadata",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.AttentionMetadata.decode_seqs": (
+                "paged_attention.html#attentionmetadata.decode_seqs",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.PagedAttention": (
+                "paged_attention.html#pagedattention",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.PagedAttention.__call__": (
+                "paged_attention.html#pagedattention.__call__",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.PagedAttention.__init__": (
+                "paged_attention.html#pagedattention.__init__",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged._batched_decode": (
+                "paged_attention.html#_batched_decode",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.attend_one_by_one": (
+                "paged_attention.html#attend_one_by_one",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.gather_kv": (
+                "paged_attention.html#gather_kv",
+                "minillm/attention/paged.py",
+            ),
+            "minillm.attention.paged.paged_attention_torch": (
+                "paged_attention.html#paged_attention_torch",
+                "minillm/attention/paged.py",
+            ),
+        },
+        "minillm.bench.gpu_compile": {
+            "minillm.bench.gpu_compile.engine_configs": (
+                "triton_kernel.html#engine_configs",
+                "minillm/bench/gpu_compile.py",
+            ),
+            "minillm.bench.gpu_compile.main": (
+                "triton_kernel.html#main",
+                "minillm/bench/gpu_compile.py",
+            ),
+            "minillm.bench.gpu_compile.moe_configs": (
+                "triton_kernel.html#moe_configs",
+                "minillm/bench/gpu_compile.py",
+            ),
+            "minillm.bench.gpu_compile.quantized_configs": (
+                "triton_kernel.html#quantized_configs",
+                "minillm/bench/gpu_compile.py",
+            ),
+        },
         "minillm.bench.kernels": {
             "minillm.bench.kernels._decode_case": (
                 "triton_kernel.html#_decode_case",
@@ -276,6 +370,231 @@ d = {
             "minillm.cli.json_object": ("cli.html#json_object", "minillm/cli.py"),
             "minillm.cli.main": ("cli.html#main", "minillm/cli.py"),
             "minillm.cli.parser": ("cli.html#parser", "minillm/cli.py"),
+        },
+        "minillm.core.block_manager": {
+            "minillm.core.block_manager.Block": (
+                "block_manager.html#block",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager": (
+                "block_manager.html#blockmanager",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.__init__": (
+                "block_manager.html#blockmanager.__init__",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager._register": (
+                "block_manager.html#blockmanager._register",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager._register_blocks": (
+                "block_manager.html#blockmanager._register_blocks",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager._release": (
+                "block_manager.html#blockmanager._release",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager._take": (
+                "block_manager.html#blockmanager._take",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.allocate": (
+                "block_manager.html#blockmanager.allocate",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.blocks_needed": (
+                "block_manager.html#blockmanager.blocks_needed",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.cache_blocks": (
+                "block_manager.html#blockmanager.cache_blocks",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.can_allocate": (
+                "block_manager.html#blockmanager.can_allocate",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.free": (
+                "block_manager.html#blockmanager.free",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.hit_rate": (
+                "block_manager.html#blockmanager.hit_rate",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.match_prefix": (
+                "block_manager.html#blockmanager.match_prefix",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.num_blocks": (
+                "block_manager.html#blockmanager.num_blocks",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.num_free_blocks": (
+                "block_manager.html#blockmanager.num_free_blocks",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.peak_blocks": (
+                "block_manager.html#blockmanager.peak_blocks",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.record_lookup": (
+                "block_manager.html#blockmanager.record_lookup",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.reset_prefix_cache": (
+                "block_manager.html#blockmanager.reset_prefix_cache",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.BlockManager.usage": (
+                "block_manager.html#blockmanager.usage",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.Sequence": (
+                "block_manager.html#sequence",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.Sequence.__len__": (
+                "block_manager.html#sequence.__len__",
+                "minillm/core/block_manager.py",
+            ),
+            "minillm.core.block_manager.block_hash": (
+                "block_manager.html#block_hash",
+                "minillm/core/block_manager.py",
+            ),
+        },
+        "minillm.core.kv_cache": {
+            "minillm.core.kv_cache.PagedKVCache": (
+                "paged_attention.html#pagedkvcache",
+                "minillm/core/kv_cache.py",
+            ),
+            "minillm.core.kv_cache.PagedKVCache.__init__": (
+                "paged_attention.html#pagedkvcache.__init__",
+                "minillm/core/kv_cache.py",
+            ),
+            "minillm.core.kv_cache.PagedKVCache.for_model": (
+                "paged_attention.html#pagedkvcache.for_model",
+                "minillm/core/kv_cache.py",
+            ),
+            "minillm.core.kv_cache.PagedKVCache.nbytes": (
+                "paged_attention.html#pagedkvcache.nbytes",
+                "minillm/core/kv_cache.py",
+            ),
+            "minillm.core.kv_cache.PagedKVCache.read": (
+                "paged_attention.html#pagedkvcache.read",
+                "minillm/core/kv_cache.py",
+            ),
+            "minillm.core.kv_cache.PagedKVCache.write": (
+                "paged_attention.html#pagedkvcache.write",
+                "minillm/core/kv_cache.py",
+            ),
+        },
+        "minillm.core.request": {
+            "minillm.core.request.Request": ("scheduler.html#request", "minillm/core/request.py"),
+            "minillm.core.request.Request.__post_init__": (
+                "scheduler.html#request.__post_init__",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.Request.finished": (
+                "scheduler.html#request.finished",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.Request.is_prefilling": (
+                "scheduler.html#request.is_prefilling",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.Request.needs_prompt_logits": (
+                "scheduler.html#request.needs_prompt_logits",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.Request.num_output_tokens": (
+                "scheduler.html#request.num_output_tokens",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.Request.num_pending_tokens": (
+                "scheduler.html#request.num_pending_tokens",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.Request.output_ids": (
+                "scheduler.html#request.output_ids",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.RequestStatus": (
+                "scheduler.html#requeststatus",
+                "minillm/core/request.py",
+            ),
+        },
+        "minillm.core.scheduler": {
+            "minillm.core.scheduler.Scheduler": (
+                "scheduler.html#scheduler",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.__init__": (
+                "scheduler.html#scheduler.__init__",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler._lookahead": (
+                "scheduler.html#scheduler._lookahead",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler._preempt": (
+                "scheduler.html#scheduler._preempt",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler._schedule_running": (
+                "scheduler.html#scheduler._schedule_running",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler._schedule_waiting": (
+                "scheduler.html#scheduler._schedule_waiting",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.add": (
+                "scheduler.html#scheduler.add",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.check": (
+                "scheduler.html#scheduler.check",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.finish": (
+                "scheduler.html#scheduler.finish",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.num_unfinished": (
+                "scheduler.html#scheduler.num_unfinished",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.schedule": (
+                "scheduler.html#scheduler.schedule",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.set_drafts": (
+                "scheduler.html#scheduler.set_drafts",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.update": (
+                "scheduler.html#scheduler.update",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.SchedulerOutput": (
+                "scheduler.html#scheduleroutput",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.SchedulerOutput.is_empty": (
+                "scheduler.html#scheduleroutput.is_empty",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.SchedulerOutput.samples": (
+                "scheduler.html#scheduleroutput.samples",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.SchedulerOutput.total_tokens": (
+                "scheduler.html#scheduleroutput.total_tokens",
+                "minillm/core/scheduler.py",
+            ),
         },
         "minillm.course.batching": {
             "minillm.course.batching.plot_occupancy": (
@@ -726,146 +1045,6 @@ d = {
                 "minillm/detokenizer.py",
             ),
         },
-        "minillm.engine.attention": {
-            "minillm.engine.attention.AttentionBackend": (
-                "paged_attention.html#attentionbackend",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.AttentionMetadata": (
-                "paged_attention.html#attentionmetadata",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.AttentionMetadata.decode_seqs": (
-                "paged_attention.html#attentionmetadata.decode_seqs",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.PagedAttention": (
-                "paged_attention.html#pagedattention",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.PagedAttention.__call__": (
-                "paged_attention.html#pagedattention.__call__",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.PagedAttention.__init__": (
-                "paged_attention.html#pagedattention.__init__",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention._batched_decode": (
-                "paged_attention.html#_batched_decode",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.attend_one_by_one": (
-                "paged_attention.html#attend_one_by_one",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.gather_kv": (
-                "paged_attention.html#gather_kv",
-                "minillm/engine/attention.py",
-            ),
-            "minillm.engine.attention.paged_attention_torch": (
-                "paged_attention.html#paged_attention_torch",
-                "minillm/engine/attention.py",
-            ),
-        },
-        "minillm.engine.block_manager": {
-            "minillm.engine.block_manager.Block": (
-                "block_manager.html#block",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager": (
-                "block_manager.html#blockmanager",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.__init__": (
-                "block_manager.html#blockmanager.__init__",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager._register": (
-                "block_manager.html#blockmanager._register",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager._register_blocks": (
-                "block_manager.html#blockmanager._register_blocks",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager._release": (
-                "block_manager.html#blockmanager._release",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager._take": (
-                "block_manager.html#blockmanager._take",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.allocate": (
-                "block_manager.html#blockmanager.allocate",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.blocks_needed": (
-                "block_manager.html#blockmanager.blocks_needed",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.cache_blocks": (
-                "block_manager.html#blockmanager.cache_blocks",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.can_allocate": (
-                "block_manager.html#blockmanager.can_allocate",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.free": (
-                "block_manager.html#blockmanager.free",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.hit_rate": (
-                "block_manager.html#blockmanager.hit_rate",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.match_prefix": (
-                "block_manager.html#blockmanager.match_prefix",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.num_blocks": (
-                "block_manager.html#blockmanager.num_blocks",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.num_free_blocks": (
-                "block_manager.html#blockmanager.num_free_blocks",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.peak_blocks": (
-                "block_manager.html#blockmanager.peak_blocks",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.record_lookup": (
-                "block_manager.html#blockmanager.record_lookup",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.reset_prefix_cache": (
-                "block_manager.html#blockmanager.reset_prefix_cache",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.BlockManager.usage": (
-                "block_manager.html#blockmanager.usage",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.Sequence": (
-                "block_manager.html#sequence",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.Sequence.__len__": (
-                "block_manager.html#sequence.__len__",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.block_hash": (
-                "block_manager.html#block_hash",
-                "minillm/engine/block_manager.py",
-            ),
-            "minillm.engine.block_manager.cdiv": (
-                "block_manager.html#cdiv",
-                "minillm/engine/block_manager.py",
-            ),
-        },
         "minillm.engine.config": {
             "minillm.engine.config.EngineConfig": (
                 "engine.html#engineconfig",
@@ -914,64 +1093,114 @@ d = {
                 "minillm/engine/cuda_graphs.py",
             ),
         },
-        "minillm.engine.input_batch": {
-            "minillm.engine.input_batch.FlatBatch": (
-                "paged_attention.html#flatbatch",
-                "minillm/engine/input_batch.py",
+        "minillm.engine.executor": {
+            "minillm.engine.executor.TPModelRunner": (
+                "tensor_parallel.html#tpmodelrunner",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.input_batch.SampleRows": (
-                "paged_attention.html#samplerows",
-                "minillm/engine/input_batch.py",
+            "minillm.engine.executor.TPModelRunner.__init__": (
+                "tensor_parallel.html#tpmodelrunner.__init__",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.input_batch.SampleRows.drafts": (
-                "paged_attention.html#samplerows.drafts",
-                "minillm/engine/input_batch.py",
+            "minillm.engine.executor.TPModelRunner.forward": (
+                "tensor_parallel.html#tpmodelrunner.forward",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.input_batch.SampleRows.of": (
-                "paged_attention.html#samplerows.of",
-                "minillm/engine/input_batch.py",
+            "minillm.engine.executor.TPModelRunner.shutdown": (
+                "tensor_parallel.html#tpmodelrunner.shutdown",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.input_batch.SampleRows.owners": (
-                "paged_attention.html#samplerows.owners",
-                "minillm/engine/input_batch.py",
+            "minillm.engine.executor.TensorParallel": (
+                "tensor_parallel.html#tensorparallel",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.input_batch._to_device": (
-                "paged_attention.html#_to_device",
-                "minillm/engine/input_batch.py",
+            "minillm.engine.executor.TensorParallel.__init__": (
+                "tensor_parallel.html#tensorparallel.__init__",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.input_batch.build_flat_batch": (
-                "paged_attention.html#build_flat_batch",
-                "minillm/engine/input_batch.py",
+            "minillm.engine.executor.TensorParallel._broadcast": (
+                "tensor_parallel.html#tensorparallel._broadcast",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.input_batch.slots_of": (
-                "paged_attention.html#slots_of",
-                "minillm/engine/input_batch.py",
+            "minillm.engine.executor.TensorParallel.check_workers": (
+                "tensor_parallel.html#tensorparallel.check_workers",
+                "minillm/engine/executor.py",
             ),
-        },
-        "minillm.engine.kv_cache": {
-            "minillm.engine.kv_cache.PagedKVCache": (
-                "paged_attention.html#pagedkvcache",
-                "minillm/engine/kv_cache.py",
+            "minillm.engine.executor.TensorParallel.failure": (
+                "tensor_parallel.html#tensorparallel.failure",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.kv_cache.PagedKVCache.__init__": (
-                "paged_attention.html#pagedkvcache.__init__",
-                "minillm/engine/kv_cache.py",
+            "minillm.engine.executor.TensorParallel.leave": (
+                "tensor_parallel.html#tensorparallel.leave",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.kv_cache.PagedKVCache.for_model": (
-                "paged_attention.html#pagedkvcache.for_model",
-                "minillm/engine/kv_cache.py",
+            "minillm.engine.executor.TensorParallel.load_model": (
+                "tensor_parallel.html#tensorparallel.load_model",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.kv_cache.PagedKVCache.nbytes": (
-                "paged_attention.html#pagedkvcache.nbytes",
-                "minillm/engine/kv_cache.py",
+            "minillm.engine.executor.TensorParallel.make_runner": (
+                "tensor_parallel.html#tensorparallel.make_runner",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.kv_cache.PagedKVCache.read": (
-                "paged_attention.html#pagedkvcache.read",
-                "minillm/engine/kv_cache.py",
+            "minillm.engine.executor.TensorParallel.min_over_ranks": (
+                "tensor_parallel.html#tensorparallel.min_over_ranks",
+                "minillm/engine/executor.py",
             ),
-            "minillm.engine.kv_cache.PagedKVCache.write": (
-                "paged_attention.html#pagedkvcache.write",
-                "minillm/engine/kv_cache.py",
+            "minillm.engine.executor.TensorParallel.receive": (
+                "tensor_parallel.html#tensorparallel.receive",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.TensorParallel.send": (
+                "tensor_parallel.html#tensorparallel.send",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.TensorParallel.shutdown": (
+                "tensor_parallel.html#tensorparallel.shutdown",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor._exit_with_parent": (
+                "tensor_parallel.html#_exit_with_parent",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor._init_watching": (
+                "tensor_parallel.html#_init_watching",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.own_group": (
+                "tensor_parallel.html#own_group",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.rank_device": (
+                "tensor_parallel.html#rank_device",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.run_worker": (
+                "tensor_parallel.html#run_worker",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.share_cpu_threads": (
+                "tensor_parallel.html#share_cpu_threads",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.start_tensor_parallel": (
+                "tensor_parallel.html#start_tensor_parallel",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.to_device": (
+                "tensor_parallel.html#to_device",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.within": (
+                "tensor_parallel.html#within",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.worker_errors": (
+                "tensor_parallel.html#worker_errors",
+                "minillm/engine/executor.py",
+            ),
+            "minillm.engine.executor.worker_main": (
+                "tensor_parallel.html#worker_main",
+                "minillm/engine/executor.py",
             ),
         },
         "minillm.engine.kv_transfer": {
@@ -1408,114 +1637,6 @@ d = {
             "minillm.engine.model_runner.triton_usable": (
                 "model_runner.html#triton_usable",
                 "minillm/engine/model_runner.py",
-            ),
-        },
-        "minillm.engine.request": {
-            "minillm.engine.request.Request": (
-                "scheduler.html#request",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.Request.__post_init__": (
-                "scheduler.html#request.__post_init__",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.Request.finished": (
-                "scheduler.html#request.finished",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.Request.is_prefilling": (
-                "scheduler.html#request.is_prefilling",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.Request.needs_prompt_logits": (
-                "scheduler.html#request.needs_prompt_logits",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.Request.num_output_tokens": (
-                "scheduler.html#request.num_output_tokens",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.Request.num_pending_tokens": (
-                "scheduler.html#request.num_pending_tokens",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.Request.output_ids": (
-                "scheduler.html#request.output_ids",
-                "minillm/engine/request.py",
-            ),
-            "minillm.engine.request.RequestStatus": (
-                "scheduler.html#requeststatus",
-                "minillm/engine/request.py",
-            ),
-        },
-        "minillm.engine.scheduler": {
-            "minillm.engine.scheduler.Scheduler": (
-                "scheduler.html#scheduler",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.__init__": (
-                "scheduler.html#scheduler.__init__",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler._lookahead": (
-                "scheduler.html#scheduler._lookahead",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler._preempt": (
-                "scheduler.html#scheduler._preempt",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler._schedule_running": (
-                "scheduler.html#scheduler._schedule_running",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler._schedule_waiting": (
-                "scheduler.html#scheduler._schedule_waiting",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.add": (
-                "scheduler.html#scheduler.add",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.check": (
-                "scheduler.html#scheduler.check",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.finish": (
-                "scheduler.html#scheduler.finish",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.num_unfinished": (
-                "scheduler.html#scheduler.num_unfinished",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.schedule": (
-                "scheduler.html#scheduler.schedule",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.set_drafts": (
-                "scheduler.html#scheduler.set_drafts",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.Scheduler.update": (
-                "scheduler.html#scheduler.update",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.SchedulerOutput": (
-                "scheduler.html#scheduleroutput",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.SchedulerOutput.is_empty": (
-                "scheduler.html#scheduleroutput.is_empty",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.SchedulerOutput.samples": (
-                "scheduler.html#scheduleroutput.samples",
-                "minillm/engine/scheduler.py",
-            ),
-            "minillm.engine.scheduler.SchedulerOutput.total_tokens": (
-                "scheduler.html#scheduleroutput.total_tokens",
-                "minillm/engine/scheduler.py",
             ),
         },
         "minillm.engine.structured_output": {
@@ -2001,25 +2122,12 @@ d = {
                 "triton_kernel.html#compile_report",
                 "minillm/kernels/aot.py",
             ),
-            "minillm.kernels.aot.engine_configs": (
-                "triton_kernel.html#engine_configs",
-                "minillm/kernels/aot.py",
-            ),
             "minillm.kernels.aot.launch_error": (
                 "triton_kernel.html#launch_error",
                 "minillm/kernels/aot.py",
             ),
-            "minillm.kernels.aot.main": ("triton_kernel.html#main", "minillm/kernels/aot.py"),
-            "minillm.kernels.aot.moe_configs": (
-                "triton_kernel.html#moe_configs",
-                "minillm/kernels/aot.py",
-            ),
             "minillm.kernels.aot.occupancy": (
                 "triton_kernel.html#occupancy",
-                "minillm/kernels/aot.py",
-            ),
-            "minillm.kernels.aot.quantized_configs": (
-                "triton_kernel.html#quantized_configs",
                 "minillm/kernels/aot.py",
             ),
             "minillm.kernels.aot.signature": (
@@ -2239,10 +2347,6 @@ d = {
                 "triton_kernel.html#decode_partials",
                 "minillm/kernels/triton_attention.py",
             ),
-            "minillm.kernels.triton_attention.interpreted_bf16": (
-                "triton_kernel.html#interpreted_bf16",
-                "minillm/kernels/triton_attention.py",
-            ),
             "minillm.kernels.triton_attention.paged_attention_triton": (
                 "triton_kernel.html#paged_attention_triton",
                 "minillm/kernels/triton_attention.py",
@@ -2279,6 +2383,12 @@ d = {
                 "triton_kernel.html#tiles",
                 "minillm/kernels/triton_attention.py",
             ),
+        },
+        "minillm.kernels.triton_utils": {
+            "minillm.kernels.triton_utils.interpreted_bf16": (
+                "triton_kernel.html#interpreted_bf16",
+                "minillm/kernels/triton_utils.py",
+            )
         },
         "minillm.llm": {
             "minillm.llm.LLM": ("engine.html#llm", "minillm/llm.py"),
@@ -2536,116 +2646,6 @@ d = {
             "minillm.moe.triton_moe.moe_constants": (
                 "mixture_of_experts.html#moe_constants",
                 "minillm/moe/triton_moe.py",
-            ),
-        },
-        "minillm.parallel.executor": {
-            "minillm.parallel.executor.TPModelRunner": (
-                "tensor_parallel.html#tpmodelrunner",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TPModelRunner.__init__": (
-                "tensor_parallel.html#tpmodelrunner.__init__",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TPModelRunner.forward": (
-                "tensor_parallel.html#tpmodelrunner.forward",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TPModelRunner.shutdown": (
-                "tensor_parallel.html#tpmodelrunner.shutdown",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel": (
-                "tensor_parallel.html#tensorparallel",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.__init__": (
-                "tensor_parallel.html#tensorparallel.__init__",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel._broadcast": (
-                "tensor_parallel.html#tensorparallel._broadcast",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.check_workers": (
-                "tensor_parallel.html#tensorparallel.check_workers",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.failure": (
-                "tensor_parallel.html#tensorparallel.failure",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.leave": (
-                "tensor_parallel.html#tensorparallel.leave",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.load_model": (
-                "tensor_parallel.html#tensorparallel.load_model",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.make_runner": (
-                "tensor_parallel.html#tensorparallel.make_runner",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.min_over_ranks": (
-                "tensor_parallel.html#tensorparallel.min_over_ranks",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.receive": (
-                "tensor_parallel.html#tensorparallel.receive",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.send": (
-                "tensor_parallel.html#tensorparallel.send",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.TensorParallel.shutdown": (
-                "tensor_parallel.html#tensorparallel.shutdown",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor._exit_with_parent": (
-                "tensor_parallel.html#_exit_with_parent",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor._init_watching": (
-                "tensor_parallel.html#_init_watching",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.own_group": (
-                "tensor_parallel.html#own_group",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.rank_device": (
-                "tensor_parallel.html#rank_device",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.run_worker": (
-                "tensor_parallel.html#run_worker",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.share_cpu_threads": (
-                "tensor_parallel.html#share_cpu_threads",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.start_tensor_parallel": (
-                "tensor_parallel.html#start_tensor_parallel",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.to_device": (
-                "tensor_parallel.html#to_device",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.within": (
-                "tensor_parallel.html#within",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.worker_errors": (
-                "tensor_parallel.html#worker_errors",
-                "minillm/parallel/executor.py",
-            ),
-            "minillm.parallel.executor.worker_main": (
-                "tensor_parallel.html#worker_main",
-                "minillm/parallel/executor.py",
             ),
         },
         "minillm.parallel.layers": {
@@ -4162,5 +4162,6 @@ d = {
                 "minillm/spec_decode/rejection_sampler.py",
             ),
         },
+        "minillm.utils": {"minillm.utils.cdiv": ("block_manager.html#cdiv", "minillm/utils.py")},
     },
 }

@@ -63,13 +63,13 @@ def staged_export(root: Path):
         for nb in (root / "nbs").glob("*.ipynb"):
             shutil.copy2(nb, Path(tmp) / "nbs")
         shutil.copytree(lib, stage, ignore=shutil.ignore_patterns("__pycache__"))
-        for path in _files(stage):  # what the export writes gets a new time; the rest keeps 0
+        for path in _files(stage):  # what no notebook writes now is not in the stage, nor in modidx
             if _generated(path):
-                os.utime(path, (0, 0))
+                path.unlink()
         code = "from nbdev.doclinks import nbdev_export; nbdev_export()"
         env = {**os.environ, STAGE: "1"}
         subprocess.run([sys.executable, "-c", code], cwd=tmp, env=env, check=True)
-        fresh = {p.relative_to(stage) for p in _files(stage) if not _stale(p)}
+        fresh = {p.relative_to(stage) for p in _files(stage)}
         for rel in sorted(fresh):
             _replace(lib / rel, (stage / rel).read_bytes())
         for path in _files(lib):
@@ -88,11 +88,6 @@ def _generated(path: Path) -> bool:
         return False
     head = path.read_text(encoding="utf-8").splitlines()[:40]
     return any(line.startswith(HEADER) for line in head)
-
-
-def _stale(path: Path) -> bool:
-    "A generated module in the stage that this export did not write."
-    return _generated(path) and path.stat().st_mtime == 0
 
 
 def _replace(path: Path, data: bytes):

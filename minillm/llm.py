@@ -10,8 +10,8 @@ import dataclasses
 
 from tqdm.auto import tqdm
 
+from .core.request import Request
 from .engine.llm_engine import EngineConfig, LLMEngine, RequestOutput, request_output
-from .engine.request import Request
 from .loader import encode_chat
 from .sampling import SamplingParams
 

@@ -136,10 +136,11 @@ def run_aot(dry: bool):
         verdict["cannot_launch"] = sum(bool(r["error"]) for r in rows)
         out[report.name] = verdict
     if not dry:  # compiling needs the kernels as JIT functions, which the dry mode's are not
+        from minillm.bench import gpu_compile
         from minillm.kernels import aot
 
         target = aot.Target.of_device(0)
-        rows = [aot.compile_config(c, target) for c in aot.engine_configs()]
+        rows = [aot.compile_config(c, target) for c in gpu_compile.engine_configs()]
         out["this_gpu"] = dict(
             target=dataclasses.asdict(target),
             compiles=len(rows),
@@ -157,11 +158,11 @@ def run_exactness(dry: bool, device: str, workdir: Path):
     tolerance."""
     from minillm.bench.offline import hf_greedy
     from minillm.bench.random_models import random_model_dir
-    from minillm.engine.block_manager import cdiv
     from minillm.llm import LLM
     from minillm.loader import load_hf_model
     from minillm.model import no_cache_attention
     from minillm.sampling import SamplingParams
+    from minillm.utils import cdiv
 
     tiny = dict(num_hidden_layers=2, intermediate_size=256, vocab_size=1024) if dry else {}
     rows = []
@@ -233,9 +234,9 @@ def run_exactness(dry: bool, device: str, workdir: Path):
 def paged_case(seqs: int, new: int, prefix: int, heads: tuple, block_size: int, dtype, device: str):
     """A batch of `seqs` sequences, each `new` query tokens after `prefix` cached ones, in a
     shuffled random pool on `device`."""
-    from minillm.engine.attention import AttentionMetadata
-    from minillm.engine.block_manager import cdiv
-    from minillm.engine.kv_cache import PagedKVCache
+    from minillm.attention.paged import AttentionMetadata
+    from minillm.core.kv_cache import PagedKVCache
+    from minillm.utils import cdiv
 
     H, Hkv, D = heads
     length, i32 = prefix + new, dict(dtype=torch.int32, device=device)
@@ -259,8 +260,8 @@ def paged_case(seqs: int, new: int, prefix: int, heads: tuple, block_size: int, 
 def run_kernels(dry: bool, device: str):
     """Decode GB/s against the copy bandwidth and prefill TFLOP/s, triton against the torch
     reference."""
+    from minillm.attention.paged import paged_attention_torch
     from minillm.bench.kernels import decode_attention_bytes
-    from minillm.engine.attention import paged_attention_torch
     from minillm.kernels.triton_attention import paged_attention_triton, plan_triton_attention
 
     heads, bs = ((4, 2, 32), 16) if dry else ((16, 8, 128), 16)

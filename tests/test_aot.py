@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from minillm.bench import gpu_compile
 from minillm.course.paged import random_paged_batch
 from minillm.engine.llm_engine import EngineConfig
 from minillm.kernels import aot
@@ -69,7 +70,7 @@ def test_the_report_compiles_what_the_backend_launches(monkeypatch, dtype, head_
 
 
 def test_the_report_compiles_what_the_quantized_layers_launch(monkeypatch):
-    compiled = {c.constants for c in aot.quantized_configs(torch.bfloat16)}
+    compiled = {c.constants for c in gpu_compile.quantized_configs(torch.bfloat16)}
     launches = record(
         monkeypatch, qt, ("_int8_matmul_kernel", "_int4_matmul_kernel"), torch.bfloat16
     )
@@ -88,7 +89,7 @@ def test_the_report_compiles_what_the_fused_experts_launch(monkeypatch):
     "Chapter 16's two MoE kernels, whatever the top k (a runtime argument, not a constexpr)."
     from minillm.moe import triton_moe as tm
 
-    compiled = {c.constants for c in aot.moe_configs(torch.bfloat16)}
+    compiled = {c.constants for c in gpu_compile.moe_configs(torch.bfloat16)}
     launches = record(monkeypatch, tm, ("_gate_up_kernel", "_down_kernel"), torch.bfloat16)
     for top_k in (1, 2, 8):
         experts = torch.randint(0, 8, (5, top_k))
@@ -101,7 +102,7 @@ def test_the_report_compiles_what_the_fused_experts_launch(monkeypatch):
 
 def test_the_report_model_uses_the_engines_block_size():
     assert aot.BLOCK_SIZE == EngineConfig().block_size
-    labels = [c.label for c in aot.engine_configs()]
+    labels = [c.label for c in gpu_compile.engine_configs()]
     assert len(set(labels)) == len(labels)  # one row per launch
 
 
@@ -109,6 +110,7 @@ def test_the_report_model_uses_the_engines_block_size():
 # interpreted ones, so the compiling checks run in one Python process without it.
 COMPILE_CHECKS = """
 import dataclasses, json, torch
+from minillm.bench import gpu_compile
 from minillm.kernels import aot
 
 out = {}

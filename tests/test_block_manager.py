@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minillm.engine.block_manager import BlockManager, Sequence
+from minillm.core.block_manager import BlockManager, Sequence
 
 BLOCK = 4
 # Few distinct prompts built from few distinct blocks, so prefixes are shared and hit often.

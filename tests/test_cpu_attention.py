@@ -4,8 +4,8 @@ import pytest
 import torch
 from helpers import hf_greedy
 
+from minillm.attention.paged import TORCH_ATTENTION, PagedAttention
 from minillm.course.paged import random_paged_batch
-from minillm.engine.attention import TORCH_ATTENTION, PagedAttention
 from minillm.kernels.cpu_attention import CPU_ATTENTION
 from minillm.llm import LLM
 from minillm.sampling import SamplingParams

@@ -159,8 +159,8 @@ def test_enforce_eager_and_other_dtypes_keep_the_eager_path(tmp_path):
 
 
 def _one_decode(runner):
-    from minillm.engine.block_manager import Sequence
-    from minillm.engine.input_batch import build_flat_batch
+    from minillm.attention.input_batch import build_flat_batch
+    from minillm.core.block_manager import Sequence
 
     seq = Sequence(0, [5, 6, 7], block_table=[0])
     seq.num_computed_tokens = 2

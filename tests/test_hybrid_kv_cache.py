@@ -8,8 +8,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minillm.engine.block_manager import Sequence, cdiv
+from minillm.core.block_manager import Sequence
 from minillm.hybrid.kv_cache import NULL_BLOCK, HybridBlockManager, kv_cache_groups
+from minillm.utils import cdiv
 
 BLOCK = 4
 PIECES = [[i] * BLOCK for i in range(3)] + [[7, 8, 9, 10], [7, 8, 9, 11]]

@@ -10,9 +10,9 @@ import torch
 from helpers import hf_greedy
 
 from minillm import LLM, SamplingParams
+from minillm.attention.paged import PagedAttention
+from minillm.core.kv_cache import PagedKVCache
 from minillm.course.paged import random_paged_batch
-from minillm.engine.attention import PagedAttention
-from minillm.engine.kv_cache import PagedKVCache
 from minillm.kernels.triton_attention import (
     TRITON_ATTENTION,
     paged_attention_triton,

@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers import TINY_DECODER, hf_greedy
 
+from minillm.attention.paged import TORCH_ATTENTION
 from minillm.bench.random_models import random_model_dir
-from minillm.engine.attention import TORCH_ATTENTION
-from minillm.engine.block_manager import Sequence
+from minillm.core.block_manager import Sequence
 from minillm.engine.config import EngineConfig
 from minillm.engine.model_runner import profile_run
 from minillm.hybrid.gated_delta import chunked_gated_delta, l2norm, recurrent_gated_delta
@@ -212,7 +212,7 @@ def test_a_step_that_fails_late_leaves_the_states(qwen):
 def test_states_are_written_only_by_commit():
     """A step's conv and rule states wait in `pending`: nothing in the pool moves until `commit`
     (which the runner calls once the step has sampled), then exactly the step's slots move."""
-    from minillm.engine.input_batch import build_flat_batch
+    from minillm.attention.input_batch import build_flat_batch
     from minillm.hybrid.qwen3_5 import Qwen3_5Config
     from minillm.hybrid.states import StatePool
 

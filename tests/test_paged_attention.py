@@ -4,11 +4,11 @@ import pytest
 import torch
 from helpers import hf_greedy
 
+from minillm.attention.input_batch import build_flat_batch
+from minillm.attention.paged import PagedAttention
+from minillm.core.block_manager import BlockManager, Sequence
+from minillm.core.kv_cache import PagedKVCache
 from minillm.course.paged import advance, forward_flat, random_paged_batch
-from minillm.engine.attention import PagedAttention
-from minillm.engine.block_manager import BlockManager, Sequence
-from minillm.engine.input_batch import build_flat_batch
-from minillm.engine.kv_cache import PagedKVCache
 from minillm.loader import encode_chat
 from minillm.model import causal_attention, load_model
 

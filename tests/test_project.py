@@ -41,17 +41,15 @@ def _module_imports() -> dict[str, set[str]]:
     return imports
 
 
-def test_no_module_imports_in_a_circle():
-    "Lazy imports count: a circle through a function-level import is a circle of the design."
-    imports = _module_imports()
-    # a module is on a circle if it can reach itself; report the shortest such path
+def _circles(graph: dict[str, set[str]]) -> list[str]:
+    "The shortest circle through each node that is on one."
     circles = []
-    for start in imports:
+    for start in graph:
         paths, seen = [[start]], {start}
         while paths and not any(p[-1] == start and len(p) > 1 for p in paths):
             nxt = []
             for p in paths:
-                for m in imports[p[-1]]:
+                for m in graph.get(p[-1], ()):
                     if m == start:
                         nxt.append(p + [m])
                     elif m not in seen:
@@ -59,6 +57,29 @@ def test_no_module_imports_in_a_circle():
                         nxt.append(p + [m])
             paths = nxt
         circles += [" -> ".join(p) for p in paths if p[-1] == start and len(p) > 1][:1]
+    return circles
+
+
+def test_no_module_imports_in_a_circle():
+    "Lazy imports count: a circle through a function-level import is a circle of the design."
+    circles = _circles(_module_imports())
+    assert not circles, circles
+
+
+def _part(module: str) -> str:
+    "A module's top-level part: `minillm.engine.scheduler` -> `engine`, `minillm.llm` -> `llm`."
+    return module.split(".")[1] if "." in module else module
+
+
+def test_the_package_is_layered():
+    """No two top-level parts (folders, and modules at the top) import each other, directly or
+    through others, function-level imports counted: the package is a stack of layers, each
+    importing only those below it (the README's architecture section draws them)."""
+    parts = {}
+    for module, targets in _module_imports().items():
+        part = _part(module)
+        parts.setdefault(part, set()).update(_part(t) for t in targets if _part(t) != part)
+    circles = _circles(parts)
     assert not circles, circles
 
 

@@ -227,9 +227,9 @@ def test_quantized_kv_cache_equals_transformers_with_the_same_rounding(
 
 
 def test_cpu_kernel_reads_a_quantized_pool_as_the_torch_backend_does():
-    from minillm.engine.attention import TORCH_ATTENTION, PagedAttention
-    from minillm.engine.block_manager import Sequence
-    from minillm.engine.input_batch import build_flat_batch
+    from minillm.attention.input_batch import build_flat_batch
+    from minillm.attention.paged import TORCH_ATTENTION, PagedAttention
+    from minillm.core.block_manager import Sequence
     from minillm.kernels.cpu_attention import CPU_ATTENTION, cpu_kernels_available
 
     if not cpu_kernels_available():

@@ -10,12 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.engine.block_manager import BlockManager, cdiv
-from minillm.engine.input_batch import build_flat_batch
-from minillm.engine.request import Request, RequestStatus
-from minillm.engine.scheduler import Scheduler
+from minillm.attention.input_batch import build_flat_batch
+from minillm.core.block_manager import BlockManager
+from minillm.core.request import Request, RequestStatus
+from minillm.core.scheduler import Scheduler
 from minillm.sampling import SamplingParams
 from minillm.spec_decode.rejection_sampler import greedy_accept
+from minillm.utils import cdiv
 
 BS = 4
 PIECES = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9]]

@@ -8,10 +8,10 @@ __all__ = ["decode_attention_bytes", "device_bandwidth", "benchmark_decode"]
 # %% ../../nbs/08b_triton_kernel.ipynb #6f1aef97
 import torch
 
-from ..engine.attention import AttentionMetadata
-from ..engine.block_manager import cdiv
-from ..engine.kv_cache import PagedKVCache
+from ..attention.paged import AttentionMetadata
+from ..core.kv_cache import PagedKVCache
 from ..kernels.triton_attention import paged_attention_triton, plan_triton_attention
+from ..utils import cdiv
 
 
 def decode_attention_bytes(
@@ -77,7 +77,7 @@ def benchmark_decode(
         return None
     from triton.testing import do_bench
 
-    from minillm.engine.attention import paged_attention_torch
+    from minillm.attention.paged import paged_attention_torch
 
     try:
         from flash_attn import flash_attn_with_kvcache

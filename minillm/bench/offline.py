@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.block_manager import cdiv
 from ..llm import LLM
 from ..sampling import SamplingParams
+from ..utils import cdiv
 from .measure import machine_peaks
 from .roofline import decode_work, measure_peak_flops, prefill_work
 

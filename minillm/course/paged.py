@@ -8,10 +8,11 @@ __all__ = ["random_paged_batch", "forward_flat", "run_flat_batch", "advance"]
 # %% ../../nbs/04b_paged_attention.ipynb #71583432
 import torch
 
-from ..engine.attention import TORCH_ATTENTION, AttentionBackend, PagedAttention
-from ..engine.block_manager import Sequence, cdiv
-from ..engine.input_batch import FlatBatch, build_flat_batch, slots_of
-from ..engine.kv_cache import PagedKVCache
+from ..attention.input_batch import FlatBatch, build_flat_batch, slots_of
+from ..attention.paged import TORCH_ATTENTION, AttentionBackend, PagedAttention
+from ..core.block_manager import Sequence
+from ..core.kv_cache import PagedKVCache
+from ..utils import cdiv
 
 
 def random_paged_batch(

@@ -1,1 +1,1 @@
-"The engine: block manager, KV pool, attention, scheduler, model runner and `LLMEngine`."
+"The engine: its configuration, the model runner, workers and executors, and `LLMEngine`."

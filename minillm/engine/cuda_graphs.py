@@ -8,11 +8,11 @@ __all__ = ["graph_batch_sizes", "CUDAGraphDecoder"]
 # %% ../../nbs/08c_cuda_graphs.ipynb #3680f99b
 import torch
 
+from ..attention.input_batch import FlatBatch
+from ..attention.paged import AttentionMetadata, PagedAttention
+from ..core.kv_cache import PagedKVCache
 from ..kernels.triton_attention import TRITON_ATTENTION
-from .attention import AttentionMetadata, PagedAttention
-from .block_manager import cdiv
-from .input_batch import FlatBatch
-from .kv_cache import PagedKVCache
+from ..utils import cdiv
 
 
 # %% ../../nbs/08c_cuda_graphs.ipynb #9c6b6fb1

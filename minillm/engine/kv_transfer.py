@@ -44,11 +44,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..core.kv_cache import PagedKVCache
+from ..core.request import Request
+from ..core.scheduler import Scheduler
 from ..parallel.store import bound_store
-from .block_manager import cdiv
-from .kv_cache import PagedKVCache
-from .request import Request
-from .scheduler import Scheduler
+from ..utils import cdiv
 
 logger = logging.getLogger("minillm.kv_transfer")
 

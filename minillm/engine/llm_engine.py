@@ -32,15 +32,15 @@ from minillm.loader import (
     resolve_model_path,
 )
 
+from ..core.block_manager import BlockManager
+from ..core.request import Request
+from ..core.scheduler import Scheduler, SchedulerOutput
 from ..detokenizer import TextStream
 from ..metrics import RequestLatency
 from ..model import config_from_hf
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
-from .block_manager import BlockManager
 from .config import EngineConfig, EngineDeadError
 from .model_runner import hybrid_kv_cache
-from .request import Request
-from .scheduler import Scheduler, SchedulerOutput
 from .worker import create_model_runner
 
 logger = logging.getLogger("minillm")
@@ -182,7 +182,7 @@ class LLMEngine:
             cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
         )
         if cfg.tensor_parallel_size > 1:
-            from minillm.parallel.executor import start_tensor_parallel  # chapter 11
+            from minillm.engine.executor import start_tensor_parallel  # chapter 11
 
             self.runner = start_tensor_parallel(cfg, self.model_path, self.max_model_len)
         else:

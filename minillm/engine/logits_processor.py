@@ -24,9 +24,9 @@ from typing import NamedTuple
 
 import torch
 
+from ..attention.input_batch import SampleRows
+from ..core.request import Request
 from ..sampling import SamplingTensors, sample
-from .input_batch import SampleRows
-from .request import Request
 
 
 class TokenLogprobs(NamedTuple):

@@ -30,13 +30,14 @@ import os
 import torch
 from torch.profiler import record_function
 
+from ..attention.input_batch import FlatBatch, SampleRows, build_flat_batch
+from ..attention.paged import TORCH_ATTENTION, AttentionBackend, PagedAttention
+from ..core.block_manager import Sequence
+from ..core.kv_cache import PagedKVCache
+from ..core.scheduler import SchedulerOutput
 from ..model import CausalLM, kv_cache_bytes_per_token
 from ..sampling import SamplingParams, SamplingTensors, sample
-from .attention import TORCH_ATTENTION, AttentionBackend, PagedAttention
-from .block_manager import Sequence, cdiv
-from .input_batch import FlatBatch, SampleRows, build_flat_batch
-from .kv_cache import PagedKVCache
-from .scheduler import SchedulerOutput
+from ..utils import cdiv
 
 logger = logging.getLogger("minillm")
 

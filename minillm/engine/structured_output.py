@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .input_batch import SampleRows
+from ..attention.input_batch import SampleRows
 
 
 @dataclass

@@ -13,8 +13,9 @@ __all__ = [
 ]
 
 # %% ../../nbs/15_hybrid_models.ipynb #c1c7390b
-from ..engine.block_manager import BlockManager, Sequence, block_hash, cdiv
-from ..engine.kv_cache import PagedKVCache
+from ..core.block_manager import BlockManager, Sequence, block_hash
+from ..core.kv_cache import PagedKVCache
+from ..utils import cdiv
 
 NULL_BLOCK = 0  # stands in a table for a block its window has dropped; never handed out
 

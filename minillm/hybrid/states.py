@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.block_manager import BlockManager, Sequence
+from ..core.block_manager import BlockManager, Sequence
 from .gated_delta import chunked_gated_delta, recurrent_gated_delta
 
 logger = logging.getLogger("minillm")

@@ -19,9 +19,6 @@ __all__ = [
     "Target",
     "KernelConfig",
     "attention_configs",
-    "quantized_configs",
-    "moe_configs",
-    "engine_configs",
     "signature",
     "Resources",
     "occupancy",
@@ -30,7 +27,6 @@ __all__ = [
     "check_attention_launches",
     "compile_report",
     "table",
-    "main",
 ]
 
 # %% ../../nbs/08b_triton_kernel.ipynb #1f0b692e
@@ -52,7 +48,6 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ..quantization import triton_linear as qt
 from . import triton_attention as ta
 
 KIB = 1024
@@ -155,39 +150,6 @@ def attention_configs(dtype, head_dim, heads=HEADS, block_size=BLOCK_SIZE) -> li
             configs.append(merge)
     prefill = ta.prefill_constants(dtype, heads, head_dim, block_size) | dict(UPCAST=False)
     configs.append(KernelConfig.of(ta._prefill_kernel, dtype, prefill, **ATTENTION_TYPES))
-    return configs
-
-
-def quantized_configs(dtype: torch.dtype) -> list[KernelConfig]:
-    "Chapter 13's int8 and int4 matmuls, at both tile heights (a decode step's rows, and more)."
-    configs = []
-    for rows in (16, 32):
-        constants = qt.matmul_constants(rows, dtype)
-        int8 = dict(w_ptr="*i8", s_ptr="*fp32")
-        int4 = dict(w_ptr="*u8", sz_ptr="*fp32")
-        configs.append(KernelConfig.of(qt._int8_matmul_kernel, dtype, constants, **int8))
-        configs.append(KernelConfig.of(qt._int4_matmul_kernel, dtype, constants, **int4))
-    return configs
-
-
-def moe_configs(dtype: torch.dtype) -> list[KernelConfig]:
-    "Chapter 16's two fused MoE launches (its tiles; the top k is a runtime argument)."
-    from minillm.moe import triton_moe as tm
-
-    types = dict(pair_ptr="*i64", block_expert_ptr="*i32")
-    constants = tm.moe_constants(dtype)
-    gate_up = KernelConfig.of(tm._gate_up_kernel, dtype, constants, **types)
-    down = KernelConfig.of(tm._down_kernel, dtype, constants, weight_ptr="*fp32", **types)
-    return [gate_up, down]
-
-
-def engine_configs() -> list[KernelConfig]:
-    "Every Triton launch the engine can make: each dtype, head_dim, split count and tile height."
-    configs = []
-    for dtype in DTYPES:
-        configs += [c for d in HEAD_DIMS for c in attention_configs(dtype, d)]
-        configs += quantized_configs(dtype)
-        configs += moe_configs(dtype)
     return configs
 
 
@@ -313,10 +275,9 @@ def _run_worker(job: tuple) -> list[Resources]:
     return [Resources(**row) for row in pickle.loads(run.stdout)]
 
 
-def compile_report(targets=tuple(TARGETS), configs=None, workers=None) -> list[Resources]:
+def compile_report(configs, targets=tuple(TARGETS), workers=None) -> list[Resources]:
     """Every engine launch compiled for every target, in `workers` worker processes (the CPUs by
     default); Triton's cache makes a second run take seconds."""
-    configs = configs or engine_configs()
     workers = workers or os.cpu_count() or 1
     plain = [astuple(c) for c in configs]
     jobs = [(plain[i::workers], t) for t in targets for i in range(workers)]
@@ -346,33 +307,3 @@ def table(rows: list[Resources]) -> str:
         cells = "".join(f"{_cell(targets[t]) if t in targets else '-':>22s}" for t in columns)
         lines.append(f"{config:{width}s}{cells}")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    """`python -m minillm.kernels.aot [--target sm_90] [OUT.json]`: compile every launch for every
-    target (or the named ones), print the table, write the rows as JSON; exit 1 if one spills or
-    cannot launch."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(prog="python -m minillm.kernels.aot")
-    parser.add_argument("out", nargs="?", help="write the rows here, as JSON")
-    parser.add_argument("--target", action="append", choices=list(TARGETS))
-    args = parser.parse_args(argv)
-    rows = compile_report(tuple(args.target or TARGETS))
-    print(f"Triton {triton.__version__}")
-    print(table(rows))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump([asdict(r) | dict(triton=triton.__version__) for r in rows], f, indent=1)
-    spills = [r for r in rows if r.spill_bytes]
-    failed = [r for r in rows if r.error]
-    print(f"{len(rows)} compiles; {len(spills)} spill (!); {len(failed)} cannot launch (X)")
-    for r in failed:
-        print(launch_error(r))
-    return 1 if spills or failed else 0
-
-
-# %% ../../nbs/08b_triton_kernel.ipynb #2d80e9b1
-if __name__ == "__main__":  # python -m minillm.kernels.aot (not run in the notebook)
-    sys.exit(main())

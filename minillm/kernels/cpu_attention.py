@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.attention import AttentionBackend, AttentionMetadata, attend_one_by_one
-from ..engine.kv_cache import PagedKVCache
+from ..attention.paged import AttentionBackend, AttentionMetadata, attend_one_by_one
+from ..core.kv_cache import PagedKVCache
 from ..loader import cache_dir
 
 logger = logging.getLogger("minillm")

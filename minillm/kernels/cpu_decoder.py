@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..engine.kv_cache import PagedKVCache
+from ..core.kv_cache import PagedKVCache
 from ..model import MLP, Attention, CausalLM, DecoderLayer
 from .cpu_attention import MAX_KERNEL_ROWS, build_cpu_extension, load_cpu_kernels
 

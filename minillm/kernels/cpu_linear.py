@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.block_manager import cdiv
+from ..utils import cdiv
 
 logger = logging.getLogger("minillm")
 

@@ -12,7 +12,6 @@ __all__ = [
     "store_kv",
     "store_constants",
     "tiles",
-    "interpreted_bf16",
     "decode_constants",
     "paged_decode_attention",
     "decode_partials",
@@ -27,16 +26,16 @@ __all__ = [
 
 # %% ../../nbs/08b_triton_kernel.ipynb #d54a385d
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 import triton
 import triton.language as tl
 
-from ..engine.attention import AttentionBackend, AttentionMetadata
-from ..engine.block_manager import cdiv
-from ..engine.kv_cache import PagedKVCache
+from ..attention.paged import AttentionBackend, AttentionMetadata
+from ..core.kv_cache import PagedKVCache
+from ..utils import cdiv
+from .triton_utils import interpreted_bf16
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #cbf1e431
@@ -294,12 +293,6 @@ def tiles(kernel: str, dtype: torch.dtype, head_dim: int) -> dict:
     tiles of 64). Pipeline depth: float32 tiles are twice as large, so two stages, not three."""
     stages = 2 if dtype == torch.float32 else 3
     return TILES[kernel, dtype.itemsize, max(head_dim, 64)] | dict(num_stages=stages)
-
-
-def interpreted_bf16(x: torch.Tensor) -> bool:
-    """Triton 3.9's interpreter multiplies bfloat16 tiles wrongly (numpy has no bfloat16): there,
-    tl.dot gets float32 (the kernels' UPCAST)."""
-    return x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def decode_constants(

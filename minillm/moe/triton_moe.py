@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..engine.block_manager import cdiv
-from ..kernels.triton_attention import interpreted_bf16
+from ..kernels.triton_utils import interpreted_bf16
+from ..utils import cdiv
 from .routing import sort_by_expert
 
 BLOCKS = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)  # rows of one expert, output and reduction tiles

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..engine.block_manager import cdiv
 from ..loader import ModelLoadError, read_config
 from ..model import MLP, CausalLM, ModelConfig, load_weights, model_class
+from ..utils import cdiv
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #09519ebe

@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from ..core.request import Request
 from ..engine.llm_engine import EngineConfig, EngineDeadError, LLMEngine, RequestOutput
-from ..engine.request import Request
 
 logger = logging.getLogger("minillm")
 

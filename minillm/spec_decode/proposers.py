@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..engine.attention import PagedAttention
-from ..engine.block_manager import Sequence
-from ..engine.input_batch import build_flat_batch
-from ..engine.kv_cache import PagedKVCache
-from ..engine.scheduler import SchedulerOutput
+from ..attention.input_batch import build_flat_batch
+from ..attention.paged import PagedAttention
+from ..core.block_manager import Sequence
+from ..core.kv_cache import PagedKVCache
+from ..core.scheduler import SchedulerOutput
 from ..loader import read_config, resolve_model_path
 from ..model import load_model
 

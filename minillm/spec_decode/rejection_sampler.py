@@ -8,7 +8,7 @@ __all__ = ["greedy_accept", "rejection_sample", "verify_drafts"]
 # %% ../../nbs/12_speculative_decoding.ipynb #8a966d3d
 import torch
 
-from ..engine.input_batch import SampleRows
+from ..attention.input_batch import SampleRows
 from ..sampling import SamplingTensors, exponential_noise, sampling_probs
 
 

@@ -8,7 +8,7 @@ __all__ = ["check_slot", "check_block_hashes", "check_cached_prefix"]
 # %% ../../../nbs/04a_block_manager.ipynb #135925e2
 import random
 
-from ...engine.block_manager import BlockManager, Sequence
+from ...core.block_manager import BlockManager, Sequence
 from ..chapter import check, exercise
 
 

@@ -6,7 +6,7 @@
 __all__ = ["my_slot", "my_block_hashes", "my_cached_prefix"]
 
 # %% ../../../nbs/04a_block_manager.ipynb #fce67710
-from ...engine.block_manager import block_hash
+from ...core.block_manager import block_hash
 
 
 def my_slot(block_table, position, block_size):

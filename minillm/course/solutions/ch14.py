@@ -6,8 +6,8 @@
 __all__ = ["my_least_loaded", "my_land_blocks"]
 
 # %% ../../../nbs/14_beyond_one_engine.ipynb #d5a20737
-from ...engine.block_manager import cdiv
 from ...router.policy import chunk_hashes as my_chunk_hashes  # noqa: F401 (the engine's)
+from ...utils import cdiv
 
 
 def my_least_loaded(replicas):

@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..core.kv_cache import PagedKVCache
 from ..model import causal_attention
-from .block_manager import cdiv
-from .kv_cache import PagedKVCache
+from ..utils import cdiv
 
 
 @dataclass

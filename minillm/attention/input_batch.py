@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .attention import AttentionMetadata
-from .block_manager import Sequence
+from ..core.block_manager import Sequence
+from .paged import AttentionMetadata
 
 
 @dataclass

@@ -37,13 +37,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..engine.config import EngineConfig, EngineDeadError
-from ..engine.model_runner import ModelRunner
-from ..engine.worker import create_model_runner
 from ..loader import read_config
 from ..model import config_from_hf
-from .layers import TPGroup, check_tp_size, load_model_shard
-from .store import bound_store
+from ..parallel.layers import TPGroup, check_tp_size, load_model_shard
+from ..parallel.store import bound_store
+from .config import EngineConfig, EngineDeadError
+from .model_runner import ModelRunner
+from .worker import create_model_runner
 
 logger = logging.getLogger("minillm")
 IDLE = datetime.timedelta(days=365)  # how long a worker waits for the next step: a server idles
