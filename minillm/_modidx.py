@@ -1166,6 +1166,10 @@ d = {
                 "tensor_parallel.html#_init_watching",
                 "minillm/engine/executor.py",
             ),
+            "minillm.engine.executor._name": (
+                "tensor_parallel.html#_name",
+                "minillm/engine/executor.py",
+            ),
             "minillm.engine.executor.own_group": (
                 "tensor_parallel.html#own_group",
                 "minillm/engine/executor.py",

@@ -111,20 +111,27 @@ def own_group(store, name: str, rank: int, size: int, device: torch.device, time
 
 
 def within(seconds: float, fn) -> bool:
-    "Run `fn` in a daemon thread; True if it returned (without raising) within `seconds`."
+    """Run `fn` in a daemon thread; True if it returned (without raising) within `seconds`. A
+    shutdown step of a broken group may raise or hang: either is logged, and the caller goes on."""
     done, ok = threading.Event(), []
 
     def target():
         try:
             fn()
             ok.append(True)
-        except Exception:
-            pass
+        except Exception as e:
+            logger.warning("tensor parallel: %s failed: %s: %s", _name(fn), type(e).__name__, e)
         finally:
             done.set()
 
     threading.Thread(target=target, daemon=True).start()
-    return done.wait(seconds) and bool(ok)
+    if not done.wait(seconds):
+        logger.warning("tensor parallel: %s did not return within %.0f s", _name(fn), seconds)
+    return done.is_set() and bool(ok)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", repr(fn))
 
 
 class TensorParallel(TPGroup):

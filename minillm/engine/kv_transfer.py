@@ -7,6 +7,7 @@ __all__ = [
     "logger",
     "KV_ROLES",
     "SECRET_ENV",
+    "RECONNECT_MAX",
     "transferred_tokens",
     "gather_blocks",
     "scatter_blocks",
@@ -54,6 +55,7 @@ logger = logging.getLogger("minillm.kv_transfer")
 
 KV_ROLES = ("producer", "consumer")  # ranks 0 and 1 of every transfer
 SECRET_ENV = "MINILLM_KV_TRANSFER_SECRET"
+RECONNECT_MAX = 10.0  # seconds between a producer's tries to reach its consumer, at most
 
 
 def transferred_tokens(req: Request) -> int:
@@ -329,19 +331,38 @@ class KVProducer(KVConnector):
             return self.outbox.pop(transfer_id, None)
 
     def _run(self):
-        "Reach the consumer's store, answer its pulls; reconnect if it goes away."
+        """Reach the consumer's store, answer its pulls; reconnect if it goes away. The consumer
+        may start later or restart, so the producer keeps trying, each wait at most
+        `RECONNECT_MAX` s, and says why it cannot connect (the first time, then once a minute);
+        an error that is not the network's ends the thread, logged, with `peer_alive` False."""
+        tries, said, pause = 0, 0.0, 0.5
         while not self._closed.is_set():
             try:
                 store = self.link.connect()
-            except Exception:  # the consumer is not up (yet)
-                time.sleep(1.0)
+            except (RuntimeError, OSError) as e:  # refused or timed out: not up (yet)
+                tries, pause = tries + 1, min(2 * pause, RECONNECT_MAX)
+                if time.monotonic() > said + 60:
+                    said = time.monotonic()
+                    logger.warning(
+                        "cannot reach the consumer at %s:%d (%d tries; %s: %s); retrying",
+                        self.link.host,
+                        self.link.port,
+                        tries,
+                        type(e).__name__,
+                        e,
+                    )
+                self._closed.wait(pause)
                 continue
-            self.peer_alive = True
+            tries, said, pause, self.peer_alive = 0, 0.0, 0.5, True
             try:
                 self._serve(store)
-            except Exception as e:
+            except (RuntimeError, OSError) as e:
                 logger.warning("lost the consumer's transfer store (%s); reconnecting", e)
-            self.peer_alive = False
+            except Exception:
+                logger.exception("the KV transfer thread stopped")
+                return
+            finally:
+                self.peer_alive = False
 
     def _serve(self, store: dist.TCPStore):
         n, pause, beat = store.add("pulls", 0), 0.001, 0.0  # the pulls before now are not ours

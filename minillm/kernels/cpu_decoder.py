@@ -35,9 +35,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from minillm.kernels.cpu_attention import (
+    MAX_KERNEL_ROWS,
+    build_cpu_extension,
+    load_cpu_kernels,
+    logger,
+)
+
 from ..core.kv_cache import PagedKVCache
 from ..model import MLP, Attention, CausalLM, DecoderLayer
-from .cpu_attention import MAX_KERNEL_ROWS, build_cpu_extension, load_cpu_kernels
 
 PANELS_SOURCE = r"""
 #include <ATen/ATen.h>
@@ -861,7 +867,12 @@ def decoder_kernels_available() -> bool:
     try:
         load_decoder_kernels()
         return True
-    except Exception:
+    except (OSError, RuntimeError, ImportError) as e:  # no compiler or ninja, a failed build
+        logger.warning(
+            "minillm: the C++ decoder kernels could not be built (%s: %s)",
+            type(e).__name__,
+            str(e).splitlines()[0][:200] if str(e) else "",
+        )
         return False
 
 
