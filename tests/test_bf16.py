@@ -13,7 +13,7 @@ import torch
 
 from minillm.llm import LLM
 from minillm.loader import encode_chat, load_hf_model
-from minillm.model import no_cache_attention
+from minillm.models.decoder import no_cache_attention
 from minillm.sampling import SamplingParams
 
 QUESTIONS = [

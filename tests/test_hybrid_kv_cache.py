@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minillm.core.block_manager import Sequence
-from minillm.hybrid.kv_cache import NULL_BLOCK, HybridBlockManager, kv_cache_groups
+from minillm.core.hybrid_kv_cache import NULL_BLOCK, HybridBlockManager, kv_cache_groups
 from minillm.utils import cdiv
 
 BLOCK = 4

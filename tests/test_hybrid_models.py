@@ -10,7 +10,7 @@ from helpers import TINY_DECODER, hf_greedy, minillm_serve, openai_client
 from minillm.bench.random_models import random_model_dir
 from minillm.llm import LLM
 from minillm.loader import ModelLoadError, gemma_gguf_path, load_hf_model, read_config
-from minillm.model import config_from_hf
+from minillm.models.decoder import config_from_hf
 from minillm.sampling import SamplingParams
 
 WINDOW = 8  # small, so that prompts and outputs run far past it
@@ -130,7 +130,7 @@ def test_gemma3_270m_file_equals_transformers():
 def test_windows_give_blocks_back(gemma3):
     """A prompt far past the window: the sliding groups hold only the blocks of their window while
     it decodes, the full group every block, and the tokens stay transformers'."""
-    from minillm.hybrid.kv_cache import NULL_BLOCK
+    from minillm.core.hybrid_kv_cache import NULL_BLOCK
 
     path, prompts, refs = gemma3
     llm = LLM(str(path), block_size=4, max_num_batched_tokens=16)

@@ -13,13 +13,13 @@ from helpers import TINY_DECODER, hf_greedy
 from minillm.attention.paged import TORCH_ATTENTION
 from minillm.bench.random_models import random_model_dir
 from minillm.core.block_manager import Sequence
+from minillm.core.state_cache import StateSlotManager, check_state_model
 from minillm.engine.config import EngineConfig
 from minillm.engine.model_runner import profile_run
-from minillm.hybrid.gated_delta import chunked_gated_delta, l2norm, recurrent_gated_delta
-from minillm.hybrid.states import StateSlotManager, check_state_model
 from minillm.llm import LLM
 from minillm.loader import load_hf_model
-from minillm.model import load_model
+from minillm.models.decoder import load_model
+from minillm.models.gated_delta import chunked_gated_delta, l2norm, recurrent_gated_delta
 from minillm.sampling import SamplingParams
 
 QWEN3_5 = TINY_DECODER | dict(
@@ -213,8 +213,8 @@ def test_states_are_written_only_by_commit():
     """A step's conv and rule states wait in `pending`: nothing in the pool moves until `commit`
     (which the runner calls once the step has sampled), then exactly the step's slots move."""
     from minillm.attention.input_batch import build_flat_batch
-    from minillm.hybrid.qwen3_5 import Qwen3_5Config
-    from minillm.hybrid.states import StatePool
+    from minillm.core.state_cache import StatePool
+    from minillm.models.qwen3_5 import Qwen3_5Config
 
     cfg = Qwen3_5Config.from_hf(QWEN3_5)
     pool = StatePool(cfg, 3, torch.float32, "cpu")

@@ -18,7 +18,7 @@ from transformers import (
 from minillm.course.contiguous import ContiguousKVCache, cached_generate
 from minillm.course.naive import collect
 from minillm.loader import ModelLoadError, encode_chat
-from minillm.model import causal_attention, load_model
+from minillm.models.decoder import causal_attention, load_model
 from minillm.sampling import SamplingParams
 
 SMALL = dict(

@@ -11,8 +11,8 @@ from helpers import TINY_DECODER, hf_greedy, minillm_serve, openai_client
 from minillm.bench.random_models import random_model_dir
 from minillm.llm import LLM
 from minillm.loader import ModelLoadError, load_hf_model
-from minillm.model import config_from_hf
-from minillm.moe.model import SparseMoeBlock, experts_grouped, experts_loop
+from minillm.models.decoder import config_from_hf
+from minillm.models.moe import SparseMoeBlock, experts_grouped, experts_loop
 from minillm.moe.routing import route
 from minillm.sampling import SamplingParams
 
@@ -194,7 +194,7 @@ def test_checkpoint_tensors_keep_the_ranks_experts(qwen):
     from dataclasses import replace
 
     from minillm.loader import load_state_dict, read_config
-    from minillm.moe.model import Qwen3MoeForCausalLM
+    from minillm.models.moe import Qwen3MoeForCausalLM
 
     path = qwen[0]
     cfg = replace(config_from_hf(read_config(path)), expert_shard=(1, 4))
@@ -212,7 +212,7 @@ def test_checkpoint_tensors_keep_the_ranks_experts(qwen):
 
 def test_refused_by_name(qwen):
     "What this chapter has not built says so; decode steps are not captured in CUDA graphs."
-    from minillm.moe.model import MoECausalLM
+    from minillm.models.moe import MoECausalLM
 
     assert MoECausalLM.cuda_graphs is False  # sort_by_expert reads counts on the host
     with pytest.raises(ValueError, match="have no mlp.gate_up_proj to quantize"):

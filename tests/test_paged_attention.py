@@ -10,7 +10,7 @@ from minillm.core.block_manager import BlockManager, Sequence
 from minillm.core.kv_cache import PagedKVCache
 from minillm.course.paged import advance, forward_flat, random_paged_batch
 from minillm.loader import encode_chat
-from minillm.model import causal_attention, load_model
+from minillm.models.decoder import causal_attention, load_model
 
 
 @pytest.mark.parametrize(

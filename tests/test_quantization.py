@@ -10,18 +10,18 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from minillm import LLM, SamplingParams
-from minillm.course.naive import greedy_divergence
-from minillm.course.quantized import FakeQuantizedCache
-from minillm.engine.llm_engine import EngineConfig
-from minillm.engine.model_runner import kv_block_bytes
-from minillm.loader import default_gguf_path, encode_chat, read_config, resolve_model_path
-from minillm.model import ModelConfig, load_model, no_cache_attention
-from minillm.quantization.kv_cache import (
+from minillm.core.quantized_kv_cache import (
     QuantizedKVCache,
     check_kv_cache_dtype,
     dequantize_kv,
     quantize_kv,
 )
+from minillm.course.naive import greedy_divergence
+from minillm.course.quantized import FakeQuantizedCache
+from minillm.engine.llm_engine import EngineConfig
+from minillm.engine.model_runner import kv_block_bytes
+from minillm.loader import default_gguf_path, encode_chat, read_config, resolve_model_path
+from minillm.models.decoder import ModelConfig, load_model, no_cache_attention
 from minillm.quantization.layers import (
     CpuInt4Linear,
     Int4Linear,

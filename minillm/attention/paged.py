@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.kv_cache import PagedKVCache
-from ..model import causal_attention
+from ..models.decoder import causal_attention
 from ..utils import cdiv
 
 

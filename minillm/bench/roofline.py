@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model import ModelConfig, kv_cache_bytes_per_token
+from ..models.decoder import ModelConfig, kv_cache_bytes_per_token
 
 
 def matmul_params(cfg: ModelConfig) -> int:

@@ -8,7 +8,7 @@ __all__ = ["ContiguousKVCache", "cached_generate"]
 # %% ../../nbs/02_kv_cache.ipynb #b227af4e
 import torch
 
-from ..model import CausalLM, ModelConfig, causal_attention
+from ..models.decoder import CausalLM, ModelConfig, causal_attention
 from .naive import generation_loop
 
 

@@ -11,7 +11,7 @@ import math
 import torch
 from transformers import DynamicCache
 
-from minillm.quantization.kv_cache import (
+from minillm.core.quantized_kv_cache import (
     check_kv_cache_dtype,
     dequantize_kv,
     largest,

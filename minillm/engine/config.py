@@ -62,7 +62,7 @@ class EngineConfig:
 
             check_quantization(self.quantization, self.model, device, self.tensor_parallel_size)
         if self.kv_cache_dtype != "auto":  # chapter 13
-            from minillm.quantization.kv_cache import check_kv_cache_dtype
+            from minillm.core.quantized_kv_cache import check_kv_cache_dtype
 
             check_kv_cache_dtype(self.kv_cache_dtype)
         if self.kv_role is not None:  # chapter 14

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..loader import read_config
-from ..model import config_from_hf
+from ..models.decoder import config_from_hf
 from ..parallel.layers import TPGroup, check_tp_size, load_model_shard
 from ..parallel.store import bound_store
 from .config import EngineConfig, EngineDeadError

@@ -37,7 +37,7 @@ from ..core.request import Request
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..detokenizer import TextStream
 from ..metrics import RequestLatency
-from ..model import config_from_hf
+from ..models.decoder import config_from_hf
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
 from .config import EngineConfig, EngineDeadError
 from .model_runner import hybrid_kv_cache
@@ -175,7 +175,7 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
         mcfg = config_from_hf(read_config(self.model_path))
         if mcfg.state_layers:  # chapter 15b: what recurrent states cannot do, before loading
-            from minillm.hybrid.states import check_state_model
+            from minillm.core.state_cache import check_state_model
 
             check_state_model(cfg, mcfg)
         self.max_model_len = min(
@@ -199,12 +199,12 @@ class LLMEngine:
             enforce_eager=self.runner.graphs is None and self.runner.decoder is None,
         )
         if hybrid_kv_cache(mcfg):  # chapter 15: a block table per KV cache group
-            from minillm.hybrid.kv_cache import HybridBlockManager
+            from minillm.core.hybrid_kv_cache import HybridBlockManager
 
             args = self.runner.cache, cfg.enable_prefix_caching, cfg.max_num_batched_tokens
             self.block_manager = HybridBlockManager.for_cache(*args)
         elif mcfg.state_layers:  # chapter 15b: a recurrent state slot per sequence
-            from minillm.hybrid.states import StateSlotManager
+            from minillm.core.state_cache import StateSlotManager
 
             self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
             slots = self.runner.states.num_slots

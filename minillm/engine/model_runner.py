@@ -35,7 +35,7 @@ from ..attention.paged import TORCH_ATTENTION, AttentionBackend, PagedAttention
 from ..core.block_manager import Sequence
 from ..core.kv_cache import PagedKVCache
 from ..core.scheduler import SchedulerOutput
-from ..model import CausalLM, kv_cache_bytes_per_token
+from ..models.decoder import CausalLM, kv_cache_bytes_per_token
 from ..sampling import SamplingParams, SamplingTensors, sample
 from ..utils import cdiv
 
@@ -123,14 +123,14 @@ def kv_block_bytes(cfg, block_size: int, dtype, kv_cache_dtype: str = "auto") ->
     """Bytes of one KV block across the layers that keep K/V (in the model's dtype, or chapter
     13's int8/fp8); where layers differ, across the layers of one KV cache group (chapter 15)."""
     if hybrid_kv_cache(cfg):
-        from minillm.hybrid.kv_cache import kv_cache_groups  # chapter 15
+        from minillm.core.hybrid_kv_cache import kv_cache_groups  # chapter 15
 
         windows = cfg.sliding_windows
         layers = len(kv_cache_groups(windows)[0])
         return block_size * kv_cache_bytes_per_token(cfg, dtype) // len(windows) * layers
     if kv_cache_dtype == "auto":
         return block_size * kv_cache_bytes_per_token(cfg, dtype)
-    from minillm.quantization.kv_cache import quantized_kv_bytes_per_token  # chapter 13
+    from minillm.core.quantized_kv_cache import quantized_kv_bytes_per_token  # chapter 13
 
     return block_size * quantized_kv_bytes_per_token(cfg, kv_cache_dtype)
 
@@ -141,12 +141,12 @@ def make_kv_cache(
     """The KV pool: in the model's dtype, or in chapter 13's int8/fp8 with scales; in KV cache
     groups where layers differ (chapter 15)."""
     if hybrid_kv_cache(cfg):
-        from minillm.hybrid.kv_cache import make_hybrid_kv_cache  # chapter 15
+        from minillm.core.hybrid_kv_cache import make_hybrid_kv_cache  # chapter 15
 
         return make_hybrid_kv_cache(cfg, num_blocks, block_size, dtype, device, kv_cache_dtype)
     if kv_cache_dtype == "auto":
         return PagedKVCache.for_model(cfg, num_blocks, block_size, dtype, device)
-    from minillm.quantization.kv_cache import QuantizedKVCache  # chapter 13
+    from minillm.core.quantized_kv_cache import QuantizedKVCache  # chapter 13
 
     return QuantizedKVCache.for_model(
         cfg, num_blocks, block_size, dtype, device, kv_cache_dtype=kv_cache_dtype
@@ -157,7 +157,7 @@ def make_state_pool(cfg, num_slots: int, dtype, device):
     "Chapter 15b's pool of recurrent states, a slot per running sequence; None without such layers."
     if not cfg.state_layers:
         return None
-    from minillm.hybrid.states import StatePool
+    from minillm.core.state_cache import StatePool
 
     return StatePool(cfg, num_slots, dtype, device)
 
@@ -166,7 +166,7 @@ def state_bytes(cfg, dtype) -> int:
     "Bytes of one sequence's recurrent states (chapter 15b); 0 without such layers."
     if not cfg.state_layers:
         return 0
-    from minillm.hybrid.states import StatePool
+    from minillm.core.state_cache import StatePool
 
     return StatePool.slot_bytes(cfg, dtype)
 

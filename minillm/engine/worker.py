@@ -23,7 +23,7 @@ from minillm.engine.model_runner import (
 )
 
 from ..loader import read_config, resolve_model_path
-from ..model import config_from_hf, load_model
+from ..models.decoder import config_from_hf, load_model
 from .config import EngineConfig
 
 

@@ -43,7 +43,7 @@ from minillm.kernels.cpu_attention import (
 )
 
 from ..core.kv_cache import PagedKVCache
-from ..model import MLP, Attention, CausalLM, DecoderLayer
+from ..models.decoder import MLP, Attention, CausalLM, DecoderLayer
 
 PANELS_SOURCE = r"""
 #include <ATen/ATen.h>

@@ -34,8 +34,8 @@ import triton.language as tl
 
 from ..attention.paged import AttentionBackend, AttentionMetadata
 from ..core.kv_cache import PagedKVCache
+from ..triton_utils import interpreted_bf16
 from ..utils import cdiv
-from .triton_utils import interpreted_bf16
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #cbf1e431

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.triton_utils import interpreted_bf16
+from ..triton_utils import interpreted_bf16
 from ..utils import cdiv
 from .routing import sort_by_expert
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..loader import ModelLoadError, read_config
-from ..model import MLP, CausalLM, ModelConfig, load_weights, model_class
+from ..models.decoder import MLP, CausalLM, ModelConfig, load_weights, model_class
 from ..utils import cdiv
 
 

@@ -30,8 +30,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from minillm.models.decoder import (
+    CausalLM,
+    ModelConfig,
+    RotaryEmbedding,
+    config_from_hf,
+    load_model,
+)
+
 from ..loader import ModelLoadError, default_gguf_path, read_config
-from ..model import CausalLM, ModelConfig, RotaryEmbedding, config_from_hf, load_model
 from .layers import QK, Int8Linear, int4_linear_class, quantize_int8
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}

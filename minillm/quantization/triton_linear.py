@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.triton_utils import interpreted_bf16
+from ..triton_utils import interpreted_bf16
 
 
 @triton.jit

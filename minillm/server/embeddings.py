@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from ..llm import as_prompt_list
-from ..model import no_cache_attention
+from ..models.decoder import no_cache_attention
 from .openai_fields import prompt_options, truncated
 from .protocol import INERT, UNSUPPORTED, APIError, check_extra_fields, checked_text
 

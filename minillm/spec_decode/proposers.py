@@ -28,7 +28,7 @@ from ..core.block_manager import Sequence
 from ..core.kv_cache import PagedKVCache
 from ..core.scheduler import SchedulerOutput
 from ..loader import read_config, resolve_model_path
-from ..model import load_model
+from ..models.decoder import load_model
 
 
 def ngram_draft(tokens: list[int], k: int, max_n: int, min_n: int = 1) -> list[int]:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ...bench.random_models import MODEL_SHAPES
-from ...model import ModelConfig
+from ...models.decoder import ModelConfig
 from ...parallel.layers import kv_heads_of, shard_rule, valid_tp_sizes
 from ..chapter import check, exercise
 

@@ -11,8 +11,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from ...hybrid.kv_cache import servable_prefix, skipped_blocks
-from ...model import causal_attention
+from ...core.hybrid_kv_cache import servable_prefix, skipped_blocks
+from ...models.decoder import causal_attention
 from ..chapter import check, exercise
 
 

@@ -11,7 +11,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from ...hybrid.gated_delta import l2norm, recurrent_gated_delta
+from ...models.gated_delta import l2norm, recurrent_gated_delta
 
 
 def check_delta_step(fn, trials: int = 20):

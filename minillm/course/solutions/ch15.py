@@ -8,7 +8,7 @@ __all__ = ["my_window_mask", "my_skipped_blocks"]
 # %% ../../../nbs/15_hybrid_models.ipynb #d445c282
 import torch
 
-from ...hybrid.kv_cache import servable_prefix as my_servable_prefix  # noqa: F401 (the engine's)
+from ...core.hybrid_kv_cache import servable_prefix as my_servable_prefix  # noqa: F401 (the engine's)
 
 
 def my_window_mask(q_start, num_queries, num_keys, window):

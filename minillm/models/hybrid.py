@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.model import (
+from minillm.models.decoder import (
     MLP,
     Attention,
     CausalLM,

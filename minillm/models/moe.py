@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..loader import ModelLoadError
-from ..model import CausalLM, ModelConfig
-from .routing import route, sort_by_expert
+from ..moe.routing import route, sort_by_expert
+from .decoder import CausalLM, ModelConfig
 
 
 @dataclass

@@ -13,9 +13,9 @@ __all__ = [
 ]
 
 # %% ../../nbs/15_hybrid_models.ipynb #c1c7390b
-from ..core.block_manager import BlockManager, Sequence, block_hash
-from ..core.kv_cache import PagedKVCache
 from ..utils import cdiv
+from .block_manager import BlockManager, Sequence, block_hash
+from .kv_cache import PagedKVCache
 
 NULL_BLOCK = 0  # stands in a table for a block its window has dropped; never handed out
 

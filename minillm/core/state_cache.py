@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..core.block_manager import BlockManager, Sequence
-from .gated_delta import chunked_gated_delta, recurrent_gated_delta
+from ..models.gated_delta import chunked_gated_delta, recurrent_gated_delta
+from .block_manager import BlockManager, Sequence
 
 logger = logging.getLogger("minillm")
 

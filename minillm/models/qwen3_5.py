@@ -21,10 +21,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm.models.decoder import (
+    MLP,
+    CausalLM,
+    ModelConfig,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary,
+)
+
 from ..loader import ModelLoadError
-from ..model import MLP, CausalLM, ModelConfig, RMSNorm, RotaryEmbedding, apply_rotary
 from .gated_delta import l2norm
-from .model import GemmaRMSNorm
+from .hybrid import GemmaRMSNorm
 
 
 @dataclass

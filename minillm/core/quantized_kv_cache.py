@@ -16,7 +16,7 @@ __all__ = [
 # %% ../../nbs/13_quantization.ipynb #6f910867
 import torch
 
-from ..core.kv_cache import PagedKVCache
+from .kv_cache import PagedKVCache
 
 KV_CACHE_DTYPES = {  # vLLM's names; "fp8" is e4m3, as in vLLM
     "int8": torch.int8,
