@@ -1235,6 +1235,80 @@ d = {
                 "minillm/detokenizer.py",
             ),
         },
+        "minillm.engine.assembly": {
+            "minillm.engine.assembly.check_gpu_launches": (
+                "model_runner.html#check_gpu_launches",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.check_quantization": (
+                "model_runner.html#check_quantization",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.cpu_decoder": (
+                "model_runner.html#cpu_decoder",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.cpu_usable": (
+                "model_runner.html#cpu_usable",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.hybrid_kv_cache": (
+                "model_runner.html#hybrid_kv_cache",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.kv_block_bytes": (
+                "model_runner.html#kv_block_bytes",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.load_attention_backend": (
+                "model_runner.html#load_attention_backend",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.load_quantized": (
+                "model_runner.html#load_quantized",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.make_block_manager": (
+                "model_runner.html#make_block_manager",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.make_kv_cache": (
+                "model_runner.html#make_kv_cache",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.make_proposer": (
+                "model_runner.html#make_proposer",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.make_state_pool": (
+                "model_runner.html#make_state_pool",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.pack_cpu_weights": (
+                "model_runner.html#pack_cpu_weights",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.resolve_attention_backend": (
+                "model_runner.html#resolve_attention_backend",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.resolve_object": (
+                "model_runner.html#resolve_object",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.state_bytes": (
+                "model_runner.html#state_bytes",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.triton_usable": (
+                "model_runner.html#triton_usable",
+                "minillm/engine/assembly.py",
+            ),
+            "minillm.engine.assembly.verify_drafts": (
+                "model_runner.html#verify_drafts",
+                "minillm/engine/assembly.py",
+            ),
+        },
         "minillm.engine.config": {
             "minillm.engine.config.EngineConfig": (
                 "engine.html#engineconfig",
@@ -1784,32 +1858,8 @@ d = {
                 "model_runner.html#modelrunner.shutdown",
                 "minillm/engine/model_runner.py",
             ),
-            "minillm.engine.model_runner.cpu_usable": (
-                "model_runner.html#cpu_usable",
-                "minillm/engine/model_runner.py",
-            ),
             "minillm.engine.model_runner.cuda_memory_snapshot": (
                 "model_runner.html#cuda_memory_snapshot",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.hybrid_kv_cache": (
-                "model_runner.html#hybrid_kv_cache",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.kv_block_bytes": (
-                "model_runner.html#kv_block_bytes",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.load_attention_backend": (
-                "model_runner.html#load_attention_backend",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.make_kv_cache": (
-                "model_runner.html#make_kv_cache",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.make_state_pool": (
-                "model_runner.html#make_state_pool",
                 "minillm/engine/model_runner.py",
             ),
             "minillm.engine.model_runner.num_kv_blocks_for_memory": (
@@ -1818,18 +1868,6 @@ d = {
             ),
             "minillm.engine.model_runner.profile_run": (
                 "model_runner.html#profile_run",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.resolve_attention_backend": (
-                "model_runner.html#resolve_attention_backend",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.state_bytes": (
-                "model_runner.html#state_bytes",
-                "minillm/engine/model_runner.py",
-            ),
-            "minillm.engine.model_runner.triton_usable": (
-                "model_runner.html#triton_usable",
                 "minillm/engine/model_runner.py",
             ),
         },

@@ -144,7 +144,7 @@ def test_engine_with_triton_backend_equals_transformers(random_llama):
 
 
 def test_backend_choice(monkeypatch):
-    from minillm.engine.model_runner import resolve_attention_backend
+    from minillm.engine.assembly import resolve_attention_backend
 
     cpu = torch.device("cpu")
     assert (

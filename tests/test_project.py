@@ -83,6 +83,22 @@ def test_the_package_is_layered():
     assert not circles, circles
 
 
+# the parts the engine's core builds on; the rest (kernels, spec_decode, quantization, moe, ...)
+# are features, which it reaches through engine.assembly only
+ENGINE_BASE = {"engine", "core", "attention", "models", "parallel", "loader", "sampling"}
+ENGINE_BASE |= {"detokenizer", "metrics", "utils", "triton_utils"}
+
+
+def test_the_engine_reaches_features_through_its_assembly_module_only():
+    imports = _module_imports()
+    reached = {
+        module: sorted(t for t in targets if _part(t) not in ENGINE_BASE)
+        for module, targets in imports.items()
+        if _part(module) == "engine" and module != "minillm.engine.assembly"
+    }
+    assert not {m: t for m, t in reached.items() if t}
+
+
 def test_each_module_says_what_it_holds():
     "A module's docstring is its own: one notebook's summary is not reused by all it exports."
     docs = {}

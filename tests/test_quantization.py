@@ -18,8 +18,8 @@ from minillm.core.quantized_kv_cache import (
 )
 from minillm.course.naive import greedy_divergence
 from minillm.course.quantized import FakeQuantizedCache
+from minillm.engine.assembly import kv_block_bytes
 from minillm.engine.llm_engine import EngineConfig
-from minillm.engine.model_runner import kv_block_bytes
 from minillm.loader import default_gguf_path, encode_chat, read_config, resolve_model_path
 from minillm.models.decoder import ModelConfig, load_model, no_cache_attention
 from minillm.quantization.layers import (

@@ -58,7 +58,7 @@ class EngineConfig:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.quantization is not None:  # chapter 13
-            from minillm.quantization.loader import check_quantization
+            from minillm.engine.assembly import check_quantization
 
             check_quantization(self.quantization, self.model, device, self.tensor_parallel_size)
         if self.kv_cache_dtype != "auto":  # chapter 13

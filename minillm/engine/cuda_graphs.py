@@ -11,8 +11,8 @@ import torch
 from ..attention.input_batch import FlatBatch
 from ..attention.paged import AttentionMetadata, PagedAttention
 from ..core.kv_cache import PagedKVCache
-from ..kernels.triton_attention import TRITON_ATTENTION
 from ..utils import cdiv
+from .assembly import load_attention_backend
 
 
 # %% ../../nbs/08c_cuda_graphs.ipynb #9c6b6fb1
@@ -67,7 +67,9 @@ class CUDAGraphDecoder:
             context_lens_list=[max_model_len] * bs,
             query_starts=list(range(bs)),
         )
-        attn = PagedAttention(self.cache, md, TRITON_ATTENTION)  # its plan and split-K: fixed here
+        attn = PagedAttention(
+            self.cache, md, load_attention_backend("triton")
+        )  # its plan and split-K: fixed here
         out = self.logits_buffer[:bs]
 
         # the logits land in one buffer shared by every graph: no per-size [bs, vocab] copy

@@ -32,15 +32,15 @@ from minillm.loader import (
     resolve_model_path,
 )
 
-from ..core.block_manager import BlockManager
 from ..core.request import Request
 from ..core.scheduler import Scheduler, SchedulerOutput
+from ..core.state_cache import check_state_model
 from ..detokenizer import TextStream
 from ..metrics import RequestLatency
 from ..models.decoder import config_from_hf
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
+from .assembly import hybrid_kv_cache, make_block_manager, make_proposer
 from .config import EngineConfig, EngineDeadError
-from .model_runner import hybrid_kv_cache
 from .worker import create_model_runner
 
 logger = logging.getLogger("minillm")
@@ -175,8 +175,6 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
         mcfg = config_from_hf(read_config(self.model_path))
         if mcfg.state_layers:  # chapter 15b: what recurrent states cannot do, before loading
-            from minillm.core.state_cache import check_state_model
-
             check_state_model(cfg, mcfg)
         self.max_model_len = min(
             cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
@@ -198,23 +196,17 @@ class LLMEngine:
             attention_backend=self.runner.attention_backend,
             enforce_eager=self.runner.graphs is None and self.runner.decoder is None,
         )
-        if hybrid_kv_cache(mcfg):  # chapter 15: a block table per KV cache group
-            from minillm.core.hybrid_kv_cache import HybridBlockManager
-
-            args = self.runner.cache, cfg.enable_prefix_caching, cfg.max_num_batched_tokens
-            self.block_manager = HybridBlockManager.for_cache(*args)
-        elif mcfg.state_layers:  # chapter 15b: a recurrent state slot per sequence
-            from minillm.core.state_cache import StateSlotManager
-
+        if mcfg.state_layers:  # chapter 15b: a state holds a whole prefix, no block of it
             self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
-            slots = self.runner.states.num_slots
-            self.block_manager = StateSlotManager(num_blocks, cfg.block_size, slots)
-        else:
-            self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.block_manager = make_block_manager(
+            mcfg,
+            self.runner.cache,
+            self.runner.states,
+            self.config.enable_prefix_caching,
+            cfg.max_num_batched_tokens,
+        )
         self.proposer = None
-        if cfg.speculative_config:
-            from minillm.spec_decode.proposers import make_proposer  # chapter 12
-
+        if cfg.speculative_config:  # chapter 12
             self.proposer = make_proposer(cfg.speculative_config, self)
         self.scheduler = Scheduler(
             self.block_manager,

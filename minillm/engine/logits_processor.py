@@ -229,7 +229,7 @@ def sample_processed(
         raw = logits.log_softmax(-1)  # before bans, biases, penalties and temperature (vLLM's)
     logits = process_logits(logits, sampled.owners(), sampled.drafts())
     if any(r.spec_token_ids for r in reqs):
-        from minillm.spec_decode.rejection_sampler import verify_drafts
+        from minillm.engine.assembly import verify_drafts
 
         tokens = verify_drafts(logits, sampled, default_generator)
     else:

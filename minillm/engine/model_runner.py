@@ -5,17 +5,6 @@
 # %% auto #0
 __all__ = [
     "logger",
-    "ATTENTION_BACKENDS",
-    "QUANTIZED_KV_BACKENDS",
-    "triton_usable",
-    "cpu_usable",
-    "resolve_attention_backend",
-    "load_attention_backend",
-    "hybrid_kv_cache",
-    "kv_block_bytes",
-    "make_kv_cache",
-    "make_state_pool",
-    "state_bytes",
     "cuda_memory_snapshot",
     "num_kv_blocks_for_memory",
     "profile_run",
@@ -23,154 +12,37 @@ __all__ = [
 ]
 
 # %% ../../nbs/07a_model_runner.ipynb #7aa559fa
-import importlib.util
 import logging
-import os
 
 import torch
 from torch.profiler import record_function
 
+from minillm.engine.assembly import (
+    check_gpu_launches,
+    cpu_decoder,
+    hybrid_kv_cache,
+    kv_block_bytes,
+    load_attention_backend,
+    make_kv_cache,
+    make_state_pool,
+    pack_cpu_weights,
+    resolve_attention_backend,
+    verify_drafts,
+)
+
 from ..attention.input_batch import FlatBatch, SampleRows, build_flat_batch
-from ..attention.paged import TORCH_ATTENTION, AttentionBackend, PagedAttention
+from ..attention.paged import AttentionBackend, PagedAttention
 from ..core.block_manager import Sequence
 from ..core.kv_cache import PagedKVCache
 from ..core.scheduler import SchedulerOutput
-from ..models.decoder import CausalLM, kv_cache_bytes_per_token
+from ..models.decoder import CausalLM
 from ..sampling import SamplingParams, SamplingTensors, sample
 from ..utils import cdiv
 
 logger = logging.getLogger("minillm")
 
-# %% ../../nbs/07a_model_runner.ipynb #f43803ff
-ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
-QUANTIZED_KV_BACKENDS = ("cpu", "torch")  # the backends that read an int8/fp8 KV pool (chapter 13)
-
-
-def triton_usable(device: torch.device, head_dim: int) -> bool:
-    """Triton kernels run on CUDA tensors (or CPU tensors under the interpreter), for power-of-two
-    head dims from 16 to 256 (chapter 8b)."""
-    power_of_two = head_dim & (head_dim - 1) == 0
-    if importlib.util.find_spec("triton") is None or not (power_of_two and 16 <= head_dim <= 256):
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def cpu_usable(device: torch.device) -> bool:
-    "The C++ kernel runs on CPU tensors, once it has been built (chapter 8a)."
-    if device.type != "cpu":
-        return False
-    from minillm.kernels.cpu_attention import cpu_kernels_available
-
-    return cpu_kernels_available()
-
-
-def resolve_attention_backend(
-    name: str, device: torch.device, head_dim: int, kv_cache_dtype: str = "auto"
-) -> str:
-    """The backend to use: `name`, or for 'auto' the fastest one available on `device` for this
-    head_dim and KV pool (chapter 13's int8/fp8 pools are read by the backends in
-    `QUANTIZED_KV_BACKENDS`)."""
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(
-            f"attention_backend {name!r} is not available; choose one of "
-            f"{', '.join(ATTENTION_BACKENDS)}"
-        )
-    if kv_cache_dtype != "auto":
-        if name == "auto":
-            name = "cpu" if "cpu" in QUANTIZED_KV_BACKENDS and cpu_usable(device) else "torch"
-        if name not in QUANTIZED_KV_BACKENDS:
-            raise ValueError(
-                f"kv_cache_dtype {kv_cache_dtype!r} is read by the attention backends "
-                f"{', '.join(QUANTIZED_KV_BACKENDS)}, not {name!r}; choose one of them"
-            )
-    if name == "auto":
-        if device.type == "cuda":
-            return "triton" if triton_usable(device, head_dim) else "torch"
-        return "cpu" if cpu_usable(device) else "torch"
-    if name == "triton" and not triton_usable(device, head_dim):
-        raise ValueError(
-            f"attention_backend 'triton' needs the triton package, a CUDA device (the model is on "
-            f"{device.type}; TRITON_INTERPRET=1 runs the kernels slowly on CPU, for tests) and a "
-            f"power-of-two head_dim from 16 to 256 (this model's is {head_dim}); use 'torch'"
-        )
-    if name == "cpu" and not cpu_usable(device):
-        raise ValueError(
-            f"attention_backend 'cpu' needs the model on the CPU (it is on {device.type}) and the "
-            "C++ kernel built (a C++ compiler and ninja; see the warning above); use 'torch'"
-        )
-    return name
-
-
-def load_attention_backend(name: str) -> AttentionBackend:
-    if name == "triton":
-        from minillm.kernels.triton_attention import TRITON_ATTENTION  # chapter 8b
-
-        return TRITON_ATTENTION
-    if name == "cpu":
-        from minillm.kernels.cpu_attention import CPU_ATTENTION  # chapter 8a
-
-        return CPU_ATTENTION
-    return TORCH_ATTENTION
-
 
 # %% ../../nbs/07a_model_runner.ipynb #119b03f9
-def hybrid_kv_cache(cfg) -> bool:
-    "Do the model's layers differ in what they keep (chapter 15's sliding windows)?"
-    return len(set(cfg.sliding_windows)) > 1
-
-
-def kv_block_bytes(cfg, block_size: int, dtype, kv_cache_dtype: str = "auto") -> int:
-    """Bytes of one KV block across the layers that keep K/V (in the model's dtype, or chapter
-    13's int8/fp8); where layers differ, across the layers of one KV cache group (chapter 15)."""
-    if hybrid_kv_cache(cfg):
-        from minillm.core.hybrid_kv_cache import kv_cache_groups  # chapter 15
-
-        windows = cfg.sliding_windows
-        layers = len(kv_cache_groups(windows)[0])
-        return block_size * kv_cache_bytes_per_token(cfg, dtype) // len(windows) * layers
-    if kv_cache_dtype == "auto":
-        return block_size * kv_cache_bytes_per_token(cfg, dtype)
-    from minillm.core.quantized_kv_cache import quantized_kv_bytes_per_token  # chapter 13
-
-    return block_size * quantized_kv_bytes_per_token(cfg, kv_cache_dtype)
-
-
-def make_kv_cache(
-    cfg, num_blocks: int, block_size: int, dtype, device, kv_cache_dtype: str = "auto"
-) -> PagedKVCache:
-    """The KV pool: in the model's dtype, or in chapter 13's int8/fp8 with scales; in KV cache
-    groups where layers differ (chapter 15)."""
-    if hybrid_kv_cache(cfg):
-        from minillm.core.hybrid_kv_cache import make_hybrid_kv_cache  # chapter 15
-
-        return make_hybrid_kv_cache(cfg, num_blocks, block_size, dtype, device, kv_cache_dtype)
-    if kv_cache_dtype == "auto":
-        return PagedKVCache.for_model(cfg, num_blocks, block_size, dtype, device)
-    from minillm.core.quantized_kv_cache import QuantizedKVCache  # chapter 13
-
-    return QuantizedKVCache.for_model(
-        cfg, num_blocks, block_size, dtype, device, kv_cache_dtype=kv_cache_dtype
-    )
-
-
-def make_state_pool(cfg, num_slots: int, dtype, device):
-    "Chapter 15b's pool of recurrent states, a slot per running sequence; None without such layers."
-    if not cfg.state_layers:
-        return None
-    from minillm.core.state_cache import StatePool
-
-    return StatePool(cfg, num_slots, dtype, device)
-
-
-def state_bytes(cfg, dtype) -> int:
-    "Bytes of one sequence's recurrent states (chapter 15b); 0 without such layers."
-    if not cfg.state_layers:
-        return 0
-    from minillm.core.state_cache import StatePool
-
-    return StatePool.slot_bytes(cfg, dtype)
-
-
 def cuda_memory_snapshot(device: torch.device) -> tuple[int, int, int]:
     "(free, total, reserved by this process's PyTorch allocator), in bytes."
     free, total = torch.cuda.mem_get_info(device)
@@ -289,21 +161,12 @@ class ModelRunner:
         self.backend = load_attention_backend(self.attention_backend)
         self.decoder = self.governor = None
         if self.device.type == "cpu" and cpu_kernels:  # chapter 13b: our kernels, one call a step
-            from minillm.kernels.cpu_decoder import CoreGovernor, prepare_cpu_model
-
             fused = fused_cpu_step and self.attention_backend == "cpu"
-            self.decoder, self.governor = prepare_cpu_model(model, fused), CoreGovernor()
-        elif self.device.type == "cpu":  # chapter 8a: weights in oneDNN's layout, where supported
-            from minillm.kernels.cpu_linear import pack_linear_weights
-
-            pack_linear_weights(model)
+            self.decoder, self.governor = cpu_decoder(model, fused)
+        elif self.device.type == "cpu":
+            pack_cpu_weights(model)
         if self.attention_backend == "triton" and self.device.type == "cuda":
-            # chapter 8b: refuse, before the pool is allocated, a kernel this GPU cannot launch
-            from minillm.kernels.aot import Target, check_attention_launches
-
-            cfg, target = model.config, Target.of_device(self.device)
-            heads = cfg.num_heads, cfg.num_kv_heads
-            check_attention_launches(self.dtype, heads, cfg.head_dim, block_size, target)
+            check_gpu_launches(model, self.dtype, block_size, self.device)
         self.cache = make_kv_cache(
             model.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
         )
@@ -352,9 +215,7 @@ class ModelRunner:
 
                     args = batch.num_logits, out.requests, sampled, self.generator
                     tokens = sample_processed(logits, *args)
-                elif any(r.spec_token_ids for r in out.requests):
-                    from minillm.spec_decode.rejection_sampler import verify_drafts  # chapter 12
-
+                elif any(r.spec_token_ids for r in out.requests):  # chapter 12
                     tokens = verify_drafts(logits[sampled.picked], sampled, self.generator)
                 else:
                     reqs = sampled.requests

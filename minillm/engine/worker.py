@@ -10,16 +10,19 @@ import math
 
 import torch
 
-from minillm.engine.model_runner import (
-    ModelRunner,
-    cuda_memory_snapshot,
+from minillm.engine.assembly import (
     hybrid_kv_cache,
     kv_block_bytes,
     load_attention_backend,
-    num_kv_blocks_for_memory,
-    profile_run,
+    load_quantized,
     resolve_attention_backend,
     state_bytes,
+)
+from minillm.engine.model_runner import (
+    ModelRunner,
+    cuda_memory_snapshot,
+    num_kv_blocks_for_memory,
+    profile_run,
 )
 
 from ..loader import read_config, resolve_model_path
@@ -108,8 +111,6 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
     device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
     baseline = cuda_memory_snapshot(device) if device.type == "cuda" else None  # before weights
     if cfg.quantization:  # chapter 13: weights in fewer bits
-        from minillm.quantization.loader import load_quantized
-
         args = cfg.quantization, cfg.model, model_path, dtype, device, cfg.cpu_kernels
         model = load_quantized(*args)
     else:
