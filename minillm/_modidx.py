@@ -3007,6 +3007,14 @@ d = {
                 "quantization.html#int8embedding.forward",
                 "minillm/quantization/loader.py",
             ),
+            "minillm.quantization.loader._gguf_blocks": (
+                "quantization.html#_gguf_blocks",
+                "minillm/quantization/loader.py",
+            ),
+            "minillm.quantization.loader._on_load": (
+                "quantization.html#_on_load",
+                "minillm/quantization/loader.py",
+            ),
             "minillm.quantization.loader._quantized_embedding": (
                 "quantization.html#_quantized_embedding",
                 "minillm/quantization/loader.py",
@@ -4219,6 +4227,14 @@ d = {
             ),
             "minillm.spec_decode.proposers.NgramProposer.propose": (
                 "speculative_decoding.html#ngramproposer.propose",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers._draft_model": (
+                "speculative_decoding.html#_draft_model",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers._ngram": (
+                "speculative_decoding.html#_ngram",
                 "minillm/spec_decode/proposers.py",
             ),
             "minillm.spec_decode.proposers.lookahead_of": (

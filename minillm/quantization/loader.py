@@ -255,7 +255,6 @@ def load_gguf_quantized(
 
 # %% ../../nbs/13_quantization.ipynb #0d08da8c
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-QUANTIZATIONS = ("gguf", "int8", "int4")
 
 
 def _submodule(layer: nn.Module, name: str) -> nn.Module | None:
@@ -297,7 +296,8 @@ def quantize_model(
 def check_quantization(scheme: str, model, device: str, tensor_parallel_size: int):
     "ValueError for a quantization the engine cannot serve, saying what to change."
     if scheme not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {scheme!r}")
+        names = ", ".join(QUANTIZATIONS)
+        raise ValueError(f"quantization must be one of {names} or None, got {scheme!r}")
     kind = torch.device(device).type  # "cuda:1" is a CUDA device too
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"quantized weights run on 'cpu' or 'cuda', not {device!r}")
@@ -315,22 +315,34 @@ def check_quantization(scheme: str, model, device: str, tensor_parallel_size: in
         )
 
 
+def _gguf_blocks(scheme: str, model, model_path, dtype, device, cpu_kernels: bool) -> CausalLM:
+    """A GGUF file's own blocks, in chapter 13's layers; on a CPU in float32, with `cpu_kernels`,
+    in chapter 13b's kernels where they build."""
+    kernels = {}
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_kernels:
+        from minillm.kernels import cpu_decoder
+
+        if cpu_decoder.decoder_kernels_available():
+            kernels = cpu_decoder.GGUF_BLOCKS
+    return load_gguf_quantized(model or default_gguf_path(), model_path, **kernels)
+
+
+def _on_load(scheme: str, model, model_path, dtype, device, cpu_kernels: bool) -> CausalLM:
+    "A float checkpoint, quantized as it loads."
+    return quantize_model(load_model(model_path, torch.float32, device), scheme)
+
+
+# each quantization method by name, and what loads a model with it
+QUANTIZATIONS = {"gguf": _gguf_blocks, "int8": _on_load, "int4": _on_load}
+
+
 def load_quantized(
     scheme: str, model, model_path, dtype, device, cpu_kernels: bool = True
 ) -> CausalLM:
     """The model with quantized weights: a GGUF file's own blocks ("gguf"), or a float checkpoint
     quantized on load ("int8", "int4"). Float parameters in `dtype`; scales stay float32. On a
     CPU in float32, `cpu_kernels` serves GGUF blocks through chapter 13b's kernels."""
-    if scheme == "gguf":
-        kernels = {}  # chapter 13's layers, unless chapter 13b's kernels take the blocks
-        if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_kernels:
-            from minillm.kernels import cpu_decoder
-
-            if cpu_decoder.decoder_kernels_available():
-                kernels = cpu_decoder.GGUF_BLOCKS
-        quantized = load_gguf_quantized(model or default_gguf_path(), model_path, **kernels)
-    else:
-        quantized = quantize_model(load_model(model_path, torch.float32, device), scheme)
+    quantized = QUANTIZATIONS[scheme](scheme, model, model_path, dtype, device, cpu_kernels)
     for p in quantized.parameters():
         p.data = p.data.to(dtype)
     return quantized.to(device)

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = [
-    "SPEC_KEYS",
+    "PROPOSERS",
     "ngram_draft",
     "lookahead_of",
     "NgramProposer",
@@ -152,33 +152,8 @@ class DraftModelProposer:
 
 
 # %% ../../nbs/12_speculative_decoding.ipynb #2578110a
-SPEC_KEYS = {
-    "ngram": {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"},
-    "draft_model": {"method", "model", "num_speculative_tokens"},
-}
-
-
-def make_proposer(config: dict, engine):
-    "The proposer `config` (vLLM's speculative_config) asks for, for `engine`'s model."
-    if not isinstance(config, dict):
-        raise ValueError("speculative_config must be a dict, e.g. {'method': 'ngram', ...}")
-    method = config.get("method") or ("draft_model" if config.get("model") else None)
-    if method not in SPEC_KEYS:
-        raise ValueError(
-            "speculative_config needs 'method': 'ngram', or a draft 'model' (method "
-            f"'draft_model'); got {config!r}"
-        )
-    unknown = set(config) - SPEC_KEYS[method]
-    if unknown:
-        raise ValueError(
-            f"speculative_config for {method!r} does not take {sorted(unknown)}; it takes "
-            f"{sorted(SPEC_KEYS[method])}"
-        )
-    k = config.get("num_speculative_tokens")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
-        raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got {k!r}")
-    if method == "draft_model":
-        return DraftModelProposer(config["model"], k, engine)
+def _ngram(config: dict, k: int, engine) -> NgramProposer:
+    "Prompt lookup, with vLLM's n-gram bounds (3 and 1 by default)."
     max_n, min_n = config.get("prompt_lookup_max", 3), config.get("prompt_lookup_min", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (max_n, min_n)) or not (
         1 <= min_n <= max_n
@@ -187,3 +162,41 @@ def make_proposer(config: dict, engine):
             f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {min_n!r} and {max_n!r}"
         )
     return NgramProposer(k, max_n, min_n)
+
+
+def _draft_model(config: dict, k: int, engine) -> DraftModelProposer:
+    "Greedy drafts of the small model `config['model']` names."
+    return DraftModelProposer(config["model"], k, engine)
+
+
+# each method of vLLM's speculative_config: the keys it takes, and what builds its proposer
+PROPOSERS = {
+    "ngram": (
+        {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"},
+        _ngram,
+    ),
+    "draft_model": ({"method", "model", "num_speculative_tokens"}, _draft_model),
+}
+
+
+def make_proposer(config: dict, engine):
+    "The proposer `config` (vLLM's speculative_config) asks for, for `engine`'s model."
+    if not isinstance(config, dict):
+        raise ValueError("speculative_config must be a dict, e.g. {'method': 'ngram', ...}")
+    method = config.get("method") or ("draft_model" if config.get("model") else None)
+    if method not in PROPOSERS:
+        raise ValueError(
+            f"speculative_config needs 'method': one of {', '.join(map(repr, PROPOSERS))} "
+            f"('draft_model' when it names a draft 'model'); got {config!r}"
+        )
+    keys, build = PROPOSERS[method]
+    unknown = set(config) - keys
+    if unknown:
+        raise ValueError(
+            f"speculative_config for {method!r} does not take {sorted(unknown)}; it takes "
+            f"{sorted(keys)}"
+        )
+    k = config.get("num_speculative_tokens")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+        raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got {k!r}")
+    return build(config, k, engine)
