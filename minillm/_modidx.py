@@ -351,7 +351,20 @@ d = {
             ),
         },
         "minillm.cli": {
+            "minillm.cli._bench_offline_command": (
+                "cli.html#_bench_offline_command",
+                "minillm/cli.py",
+            ),
+            "minillm.cli._bench_online_command": (
+                "cli.html#_bench_online_command",
+                "minillm/cli.py",
+            ),
+            "minillm.cli._chat_command": ("cli.html#_chat_command", "minillm/cli.py"),
             "minillm.cli._default_bench_mode": ("cli.html#_default_bench_mode", "minillm/cli.py"),
+            "minillm.cli._disagg_command": ("cli.html#_disagg_command", "minillm/cli.py"),
+            "minillm.cli._generate_command": ("cli.html#_generate_command", "minillm/cli.py"),
+            "minillm.cli._router_command": ("cli.html#_router_command", "minillm/cli.py"),
+            "minillm.cli._serve_command": ("cli.html#_serve_command", "minillm/cli.py"),
             "minillm.cli._stream": ("cli.html#_stream", "minillm/cli.py"),
             "minillm.cli._workload_flags": ("cli.html#_workload_flags", "minillm/cli.py"),
             "minillm.cli.add_api_flags": ("cli.html#add_api_flags", "minillm/cli.py"),
@@ -3335,138 +3348,35 @@ d = {
                 "minillm/sampling.py",
             ),
         },
+        "minillm.server.admin": {
+            "minillm.server.admin.add_admin_routes": (
+                "serving.html#add_admin_routes",
+                "minillm/server/admin.py",
+            ),
+            "minillm.server.admin.add_worker_routes": (
+                "serving.html#add_worker_routes",
+                "minillm/server/admin.py",
+            ),
+            "minillm.server.admin.model_card": (
+                "serving.html#model_card",
+                "minillm/server/admin.py",
+            ),
+        },
         "minillm.server.api_server": {
-            "minillm.server.api_server.Admission": (
-                "serving.html#admission",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Admission.__init__": (
-                "serving.html#admission.__init__",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Admission._build": (
-                "serving.html#admission._build",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Admission.check_queue": (
-                "serving.html#admission.check_queue",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Admission.observe_ttft": (
-                "serving.html#admission.observe_ttft",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Admission.requests": (
-                "serving.html#admission.requests",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.BodyLimit": (
-                "serving.html#bodylimit",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.BodyLimit.__call__": (
-                "serving.html#bodylimit.__call__",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.BodyLimit.__init__": (
-                "serving.html#bodylimit.__init__",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.BodyLimit._refuse": (
-                "serving.html#bodylimit._refuse",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder": (
-                "serving.html#responder",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder.__init__": (
-                "serving.html#responder.__init__",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder._chunk": (
-                "serving.html#responder._chunk",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder._chunk_obj": (
-                "serving.html#responder._chunk_obj",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder._chunks": (
-                "serving.html#responder._chunks",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder._collect": (
-                "serving.html#responder._collect",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder._delta": (
-                "serving.html#responder._delta",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder._events": (
-                "serving.html#responder._events",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder._observe": (
-                "serving.html#responder._observe",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.Responder.respond": (
-                "serving.html#responder.respond",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.RootPath": (
-                "serving.html#rootpath",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.RootPath.__call__": (
-                "serving.html#rootpath.__call__",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.RootPath.__init__": (
-                "serving.html#rootpath.__init__",
-                "minillm/server/api_server.py",
-            ),
             "minillm.server.api_server._add_error_handlers": (
                 "serving.html#_add_error_handlers",
                 "minillm/server/api_server.py",
             ),
-            "minillm.server.api_server._add_worker_endpoints": (
-                "serving.html#_add_worker_endpoints",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server._error_of": (
-                "serving.html#_error_of",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server._sse": ("serving.html#_sse", "minillm/server/api_server.py"),
-            "minillm.server.api_server._until_disconnected": (
-                "serving.html#_until_disconnected",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server._usage": (
-                "serving.html#_usage",
+            "minillm.server.api_server._add_invocations": (
+                "serving.html#_add_invocations",
                 "minillm/server/api_server.py",
             ),
             "minillm.server.api_server.build_app": (
                 "serving.html#build_app",
                 "minillm/server/api_server.py",
             ),
-            "minillm.server.api_server.error_response": (
-                "serving.html#error_response",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.load_report": (
-                "serving.html#load_report",
-                "minillm/server/api_server.py",
-            ),
             "minillm.server.api_server.serve": (
                 "serving.html#serve",
-                "minillm/server/api_server.py",
-            ),
-            "minillm.server.api_server.system_fingerprint": (
-                "serving.html#system_fingerprint",
                 "minillm/server/api_server.py",
             ),
         },
@@ -3560,6 +3470,12 @@ d = {
                 "minillm/server/async_engine.py",
             ),
         },
+        "minillm.server.completions": {
+            "minillm.server.completions.add_completion_routes": (
+                "serving.html#add_completion_routes",
+                "minillm/server/completions.py",
+            )
+        },
         "minillm.server.embeddings": {
             "minillm.server.embeddings.EmbeddingRequest": (
                 "openai_api.html#embeddingrequest",
@@ -3575,6 +3491,10 @@ d = {
             ),
             "minillm.server.embeddings.PoolerConfig": (
                 "openai_api.html#poolerconfig",
+                "minillm/server/embeddings.py",
+            ),
+            "minillm.server.embeddings.add_embedding_routes": (
+                "openai_api.html#add_embedding_routes",
                 "minillm/server/embeddings.py",
             ),
             "minillm.server.embeddings.embed": (
@@ -4092,6 +4012,184 @@ d = {
             "minillm.server.responses.add_responses_routes": (
                 "openai_api.html#add_responses_routes",
                 "minillm/server/responses.py",
+            ),
+        },
+        "minillm.server.serving": {
+            "minillm.server.serving.Admission": (
+                "serving.html#admission",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Admission.__init__": (
+                "serving.html#admission.__init__",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Admission._build": (
+                "serving.html#admission._build",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Admission.check_queue": (
+                "serving.html#admission.check_queue",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Admission.observe_ttft": (
+                "serving.html#admission.observe_ttft",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Admission.requests": (
+                "serving.html#admission.requests",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.BodyLimit": (
+                "serving.html#bodylimit",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.BodyLimit.__call__": (
+                "serving.html#bodylimit.__call__",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.BodyLimit.__init__": (
+                "serving.html#bodylimit.__init__",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.BodyLimit._refuse": (
+                "serving.html#bodylimit._refuse",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder": (
+                "serving.html#responder",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder.__init__": (
+                "serving.html#responder.__init__",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder._chunk": (
+                "serving.html#responder._chunk",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder._chunk_obj": (
+                "serving.html#responder._chunk_obj",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder._chunks": (
+                "serving.html#responder._chunks",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder._collect": (
+                "serving.html#responder._collect",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder._delta": (
+                "serving.html#responder._delta",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder._events": (
+                "serving.html#responder._events",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder._observe": (
+                "serving.html#responder._observe",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.Responder.respond": (
+                "serving.html#responder.respond",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.RootPath": (
+                "serving.html#rootpath",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.RootPath.__call__": (
+                "serving.html#rootpath.__call__",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.RootPath.__init__": (
+                "serving.html#rootpath.__init__",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext": (
+                "serving.html#servercontext",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.__init__": (
+                "serving.html#servercontext.__init__",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.chat": (
+                "serving.html#servercontext.chat",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.chat_input": (
+                "serving.html#servercontext.chat_input",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.check_key": (
+                "serving.html#servercontext.check_key",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.check_model": (
+                "serving.html#servercontext.check_model",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.checked": (
+                "serving.html#servercontext.checked",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.count_prompt_tokens": (
+                "serving.html#servercontext.count_prompt_tokens",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.output_extras": (
+                "serving.html#servercontext.output_extras",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.prompt_options": (
+                "serving.html#servercontext.prompt_options",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.rendered": (
+                "serving.html#servercontext.rendered",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.serve_request": (
+                "serving.html#servercontext.serve_request",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.tokenizer": (
+                "serving.html#servercontext.tokenizer",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving._error_of": (
+                "serving.html#_error_of",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving._sse": ("serving.html#_sse", "minillm/server/serving.py"),
+            "minillm.server.serving._until_disconnected": (
+                "serving.html#_until_disconnected",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving._usage": ("serving.html#_usage", "minillm/server/serving.py"),
+            "minillm.server.serving.error_response": (
+                "serving.html#error_response",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.load_report": (
+                "serving.html#load_report",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.system_fingerprint": (
+                "serving.html#system_fingerprint",
+                "minillm/server/serving.py",
+            ),
+        },
+        "minillm.server.tokenize": {
+            "minillm.server.tokenize.add_tokenize_routes": (
+                "serving.html#add_tokenize_routes",
+                "minillm/server/tokenize.py",
+            ),
+            "minillm.server.tokenize.tokenized": (
+                "serving.html#tokenized",
+                "minillm/server/tokenize.py",
             ),
         },
         "minillm.server.tool_parsers": {

@@ -413,10 +413,23 @@ def add_api_flags(p: argparse.ArgumentParser):
 
 # %% ../nbs/09b_cli.ipynb #6ef9bd51
 def parser() -> argparse.ArgumentParser:
+    "The command line: a subcommand each, its flags added by the function named after it."
     p = argparse.ArgumentParser(
         prog="minillm", description="An LLM inference engine: serve, generate, chat, benchmark."
     )
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_serve_command, _generate_command, _router_command, _disagg_command, _chat_command):
+        add(sub)
+    modes = sub.add_parser(
+        "bench", help="benchmarks: offline throughput (default) or an online load test"
+    ).add_subparsers(dest="mode", required=True)
+    _bench_offline_command(modes)
+    _bench_online_command(modes)
+    return p
+
+
+def _serve_command(sub):
+    "minillm serve: the OpenAI-compatible server."
     s = sub.add_parser("serve", help="serve a model over the OpenAI API")
     s.add_argument(
         "--host",
@@ -440,6 +453,10 @@ def parser() -> argparse.ArgumentParser:
     add_limit_flags(s)
     add_engine_flags(s)
     s.set_defaults(func=cmd_serve)
+
+
+def _generate_command(sub):
+    "minillm generate: one answer, streamed to the terminal."
     g = sub.add_parser("generate", help="stream one answer to the terminal")
     g.add_argument("prompt")
     g.add_argument(
@@ -448,6 +465,10 @@ def parser() -> argparse.ArgumentParser:
     add_sampling_flags(g, 256)
     add_engine_flags(g)
     g.set_defaults(func=cmd_generate)
+
+
+def _router_command(sub):
+    "minillm router: one endpoint in front of several replicas."
     r = sub.add_parser("router", help="one OpenAI endpoint in front of several replicas")
     r.add_argument("--host", default="127.0.0.1")
     r.add_argument("--port", type=int, default=8000)
@@ -485,6 +506,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--log-level", default="info")
     add_engine_flags(r)
     r.set_defaults(func=cmd_router)
+
+
+def _disagg_command(sub):
+    "minillm disagg: one endpoint over a prefill and a decode instance."
     d = sub.add_parser(
         "disagg", help="one OpenAI endpoint over a prefill instance and a decode instance"
     )
@@ -495,14 +520,19 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="info")
     add_engine_flags(d)
     d.set_defaults(func=cmd_disagg)
+
+
+def _chat_command(sub):
+    "minillm chat: an interactive conversation."
     c = sub.add_parser("chat", help="an interactive conversation")
     c.add_argument("--system", default=None, help="a system prompt")
     add_sampling_flags(c, 512)
     add_engine_flags(c)
     c.set_defaults(func=cmd_chat)
-    modes = sub.add_parser(
-        "bench", help="benchmarks: offline throughput (default) or an online load test"
-    ).add_subparsers(dest="mode", required=True)
+
+
+def _bench_offline_command(modes):
+    "minillm bench offline: throughput against transformers."
     b = modes.add_parser(
         "offline", help="offline throughput against transformers (`minillm bench` alone runs this)"
     )
@@ -510,6 +540,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-peers", action="store_true", help="run minillm only")
     add_engine_flags(b)
     b.set_defaults(func=cmd_bench)
+
+
+def _bench_online_command(modes):
+    "minillm bench online: a Poisson load test of any OpenAI server."
     o = modes.add_parser(
         "online",
         help=(
@@ -570,7 +604,6 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--output", default=None, help="write the results as JSON to this file")
     o.add_argument("--plot", default=None, help="save a plot of the sweep to this image file")
     o.set_defaults(func=cmd_bench_online)
-    return p
 
 
 # %% ../nbs/09b_cli.ipynb #ba534228

@@ -11,6 +11,7 @@ __all__ = [
     "embed",
     "encoded",
     "serve_embeddings",
+    "add_embedding_routes",
 ]
 
 # %% ../../nbs/12b_openai_api.ipynb #08b41afd
@@ -23,6 +24,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from fastapi import Request as HTTPRequest
 from pydantic import BaseModel, ConfigDict
 
 from ..llm import as_prompt_list
@@ -145,3 +147,15 @@ async def serve_embeddings(aeng, body: EmbeddingRequest, pooler: PoolerConfig, n
         "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }
+
+
+def add_embedding_routes(app, ctx, pooler: PoolerConfig):
+    "POST /v1/embeddings: each input's final hidden state, pooled. Returns the route's handler."
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, raw: HTTPRequest):
+        ctx.checked(raw, body.model)
+        pool = ctx.admission.pool
+        return await serve_embeddings(ctx.aeng, body, pooler, ctx.name, ctx.limits, pool)
+
+    return embeddings

@@ -504,15 +504,14 @@ async def _run_detached(chat, body: ChatCompletionRequest, shape, store, entry: 
         store.put(StoredResponse(failed, entry.history))
 
 
-def add_responses_routes(app, chat, count_tokens, check_key, check_model, name: str, tokenizer):
-    """OpenAI's Responses endpoints, answered by chapter 9's `chat(raw, body, reshape)`: create
+def add_responses_routes(app, ctx):
+    """OpenAI's Responses endpoints, answered by chapter 9's `ctx.chat(raw, body, reshape)`: create
     (whole, streamed or in the background), retrieve, cancel, delete, and count input tokens
-    (`count_tokens(chat_body)`)."""
+    (`ctx.count_prompt_tokens(chat_body)`)."""
     store = ResponseStore()
 
     def prepare(body: ResponsesRequest, raw) -> tuple[list[dict], ChatCompletionRequest]:
-        check_key(raw)
-        check_model(body.model)
+        ctx.checked(raw, body.model)
         previous = body.previous_response_id
         history = store.get(previous).history if previous else []
         return history, body.chat_request(history)
@@ -526,22 +525,25 @@ def add_responses_routes(app, chat, count_tokens, check_key, check_model, name: 
             if body.store:
                 store.put(StoredResponse(response, conversation + _output_messages(response)))
 
-        shape = ResponsesShape(body, name, keep, tokenizer.decode)
+        shape = ResponsesShape(body, ctx.name, keep, ctx.tokenizer.decode)
         if not body.background:
-            return await chat(raw, chat_body, shape)
+            return await ctx.chat(raw, chat_body, shape)
         entry = StoredResponse(shape.response([], None, None, "queued"), conversation)
         store.put(entry)
-        entry.task = asyncio.create_task(_run_detached(chat, chat_body, shape, store, entry))
+        entry.task = asyncio.create_task(_run_detached(ctx.chat, chat_body, shape, store, entry))
         return entry.response
 
     @app.post("/v1/responses/input_tokens")
     async def input_tokens(body: ResponsesRequest, raw: HTTPRequest):
         _, chat_body = prepare(body, raw)
-        return {"object": "response.input_tokens", "input_tokens": await count_tokens(chat_body)}
+        return {
+            "object": "response.input_tokens",
+            "input_tokens": await ctx.count_prompt_tokens(chat_body),
+        }
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, raw: HTTPRequest):
-        check_key(raw)
+        ctx.check_key(raw)
         if raw.query_params.get("stream", "false").lower() != "false":
             message = "a stored response is not streamed again; GET it without stream"
             raise APIError(400, message, param="stream")
@@ -549,7 +551,7 @@ def add_responses_routes(app, chat, count_tokens, check_key, check_model, name: 
 
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel(response_id: str, raw: HTTPRequest):
-        check_key(raw)
+        ctx.check_key(raw)
         entry = store.get(response_id)
         if not entry.response["background"]:
             raise APIError(400, "Cannot cancel a synchronous response.", param="response_id")
@@ -560,7 +562,7 @@ def add_responses_routes(app, chat, count_tokens, check_key, check_model, name: 
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, raw: HTTPRequest):
-        check_key(raw)
+        ctx.check_key(raw)
         entry = store.get(response_id)
         if entry.task is not None:
             entry.task.cancel()
