@@ -237,7 +237,7 @@ def cmd_serve(args):
     )
 
 
-def cmd_router(args):  # chapter 14
+def cmd_router(args):
     from contextlib import ExitStack
 
     from minillm.router.app import serve_router, start_replicas
@@ -253,7 +253,7 @@ def cmd_router(args):  # chapter 14
         serve_router(args.host, args.port, urls, args.policy, args.log_level, **policy_kwargs)
 
 
-def cmd_disagg(args):  # chapter 14
+def cmd_disagg(args):
     from contextlib import ExitStack
 
     from minillm.router.disagg import serve_disaggregated, start_disaggregated

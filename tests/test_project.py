@@ -148,3 +148,15 @@ def test_export_writes_the_committed_package_and_never_a_half_module(tmp_path):
         committed = ROOT / path.relative_to(tmp_path)
         assert path.read_text() == committed.read_text(), f"{committed} differs from its notebook"
         assert path.stat().st_mtime_ns == mtime, f"{path.name} was rewritten in place"
+
+
+def test_no_function_is_longer_than_a_screen():
+    "A function reads at once: at most 100 lines (a kernel's body included)."
+    long = []
+    for path in sorted((ROOT / "minillm").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 100:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
+    assert not long, long

@@ -24,9 +24,9 @@ class FlatBatch:
     metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [S]: the last new token of each sequence (more with drafts)
     num_logits: list[int] | None = None  # how many of those rows each sequence has
-    # chapter 15: KV cache groups 1, 2, ...: the metadata with their block tables and slots
+    # KV cache groups 1, 2, ...: the metadata with their block tables and slots
     group_metadata: list[AttentionMetadata] = ()
-    state_slots: list[int | None] = ()  # chapter 15b: each sequence's recurrent state slot
+    state_slots: list[int | None] = ()  # each sequence's recurrent state slot
 
 
 def slots_of(block_table: list[int], positions, block_size: int) -> list[int]:

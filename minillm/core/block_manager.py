@@ -23,11 +23,11 @@ class Sequence:
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of the full blocks, chained, in order
-    # draft tokens after token_ids, not yet verified (chapter 12): never hashed or cached
+    # draft tokens after token_ids, not yet verified: never hashed or cached
     spec_token_ids: list[int] = field(default_factory=list)
-    # chapter 15: the block tables of KV cache groups 1, 2, ... (group 0's is block_table)
+    # the block tables of KV cache groups 1, 2, ... (group 0's is block_table)
     group_tables: list[list[int]] = field(default_factory=list)
-    state_slot: int | None = None  # chapter 15b: where its recurrent layers' states live
+    state_slot: int | None = None  # where its recurrent layers' states live
 
     def __len__(self):
         return len(self.token_ids)

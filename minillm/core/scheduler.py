@@ -55,7 +55,7 @@ class Scheduler:
     ):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        self.num_speculative_tokens = num_speculative_tokens  # draft slots per decode (chapter 12)
+        self.num_speculative_tokens = num_speculative_tokens  # draft slots per decode
         self.num_draft_tokens = self.num_accepted_tokens = 0  # and how they fared, in all
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs

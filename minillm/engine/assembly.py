@@ -57,7 +57,7 @@ ATTENTION_BACKENDS = {
     "cpu": "minillm.kernels.cpu_attention:CPU_ATTENTION",
     "triton": "minillm.kernels.triton_attention:TRITON_ATTENTION",
 }
-QUANTIZED_KV_BACKENDS = ("cpu", "torch")  # the backends that read an int8/fp8 KV pool (chapter 13)
+QUANTIZED_KV_BACKENDS = ("cpu", "torch")  # the backends that read an int8/fp8 KV pool
 
 
 def triton_usable(device: torch.device, head_dim: int) -> bool:

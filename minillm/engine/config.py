@@ -30,18 +30,18 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
-    # never replay decode steps from CUDA graphs (chapter 8c) nor, on a CPU, run them as one C++
-    # call (chapter 13b): every step op by op
+    # never replay decode steps from CUDA graphs nor, on a CPU, run them as one C++
+    # call: every step op by op
     enforce_eager: bool = False
     # CPU: chapter 13b's matmul kernels (float32 panels, GGUF blocks), one-call decoder and thread
     # governor; False keeps PyTorch's own (chapter 8a's oneDNN layers, chapter 13's int8/int4)
     cpu_kernels: bool = True
     seed: int = 0  # seeds the engine's RNG, which requests without a seed share
-    tensor_parallel_size: int = 1  # split every layer over this many processes (chapter 11)
-    quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits (chapter 13)
-    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "int8" or "fp8" (chapter 13)
-    speculative_config: dict | None = None  # draft tokens to verify per step (chapter 12)
-    kv_role: str | None = None  # "producer" (prefills) or "consumer" (decodes) (chapter 14)
+    tensor_parallel_size: int = 1  # split every layer over this many processes
+    quantization: str | None = None  # "gguf", "int8" or "int4": weights in fewer bits
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "int8" or "fp8"
+    speculative_config: dict | None = None  # draft tokens to verify per step
+    kv_role: str | None = None  # "producer" (prefills) or "consumer" (decodes)
     kv_transfer_address: str | None = None  # host:port of the consumer's transfer store
     # the secret both KV transfer sides sign their messages with (default: the environment's
     # MINILLM_KV_TRANSFER_SECRET); needed off loopback; never printed
@@ -57,15 +57,15 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.quantization is not None:  # chapter 13
+        if self.quantization is not None:
             from minillm.engine.assembly import check_quantization
 
             check_quantization(self.quantization, self.model, device, self.tensor_parallel_size)
-        if self.kv_cache_dtype != "auto":  # chapter 13
+        if self.kv_cache_dtype != "auto":
             from minillm.core.quantized_kv_cache import check_kv_cache_dtype
 
             check_kv_cache_dtype(self.kv_cache_dtype)
-        if self.kv_role is not None:  # chapter 14
+        if self.kv_role is not None:
             from minillm.engine.kv_transfer import check_kv_transfer
 
             check_kv_transfer(self)

@@ -72,12 +72,12 @@ class RequestOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  # why the request failed, when finish_reason is "error"
     num_prompt_tokens: int = 0
-    num_draft_tokens: int = 0  # speculative decoding (chapter 12): drafts proposed so far
+    num_draft_tokens: int = 0  # speculative decoding: drafts proposed so far
     num_accepted_tokens: int = 0  # and of those, accepted
     delta_logprobs: list = field(default_factory=list)  # of delta_token_ids, when asked (12b)
     prompt_logprobs: list | None = None  # per prompt token (None first), when asked
     first_scheduled_time: float | None = None  # when it first ran: its time in the queue ends
-    num_preemptions: int = 0  # how often the scheduler preempted it (chapter 6)
+    num_preemptions: int = 0  # how often the scheduler preempted it
     # the request's first output? (token_times may have grown since: the engine runs on)
     first_output: bool = False
 
@@ -174,13 +174,13 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
         mcfg = config_from_hf(read_config(self.model_path))
-        if mcfg.state_layers:  # chapter 15b: what recurrent states cannot do, before loading
+        if mcfg.state_layers:  # what recurrent states cannot do, before loading
             check_state_model(cfg, mcfg)
         self.max_model_len = min(
             cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
         )
         if cfg.tensor_parallel_size > 1:
-            from minillm.engine.executor import start_tensor_parallel  # chapter 11
+            from minillm.engine.executor import start_tensor_parallel
 
             self.runner = start_tensor_parallel(cfg, self.model_path, self.max_model_len)
         else:
@@ -196,7 +196,7 @@ class LLMEngine:
             attention_backend=self.runner.attention_backend,
             enforce_eager=self.runner.graphs is None and self.runner.decoder is None,
         )
-        if mcfg.state_layers:  # chapter 15b: a state holds a whole prefix, no block of it
+        if mcfg.state_layers:  # a state holds a whole prefix, no block of it
             self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
         self.block_manager = make_block_manager(
             mcfg,
@@ -206,7 +206,7 @@ class LLMEngine:
             cfg.max_num_batched_tokens,
         )
         self.proposer = None
-        if cfg.speculative_config:  # chapter 12
+        if cfg.speculative_config:
             self.proposer = make_proposer(cfg.speculative_config, self)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -215,14 +215,14 @@ class LLMEngine:
             cfg.enable_chunked_prefill,
             self.proposer.num_speculative_tokens if self.proposer else 0,
         )
-        from minillm.engine.structured_output import StructuredOutputManager  # chapter 12b
+        from minillm.engine.structured_output import StructuredOutputManager
 
         self.structured_outputs = StructuredOutputManager(
             self.tokenizer, mcfg.vocab_size, self.eos_token_ids
         )
         self.requests: dict[str, Request] = {}
         self.kv_connector = None
-        if cfg.kv_role is not None:  # chapter 14: prefill here and decode there, or the reverse
+        if cfg.kv_role is not None:  # prefill here and decode there, or the reverse
             from minillm.engine.kv_transfer import make_kv_connector
 
             if hybrid_kv_cache(mcfg):
@@ -276,11 +276,11 @@ class LLMEngine:
             generator=make_generator(params.seed, self.runner.device),
             stream=TextStream(self.tokenizer, params, self.eos_token_ids, ids),
         )
-        if params.processes_logits:  # chapter 12b: bias ids, bad words, grammar, prompt logprobs
+        if params.processes_logits:  # bias ids, bad words, grammar, prompt logprobs
             from minillm.engine.logits_processor import prepare_request
 
             prepare_request(req, self.tokenizer, vocab, self.structured_outputs)
-        if kv_transfer_params is not None:  # chapter 14
+        if kv_transfer_params is not None:
             from minillm.engine.kv_transfer import check_kv_transfer_params
 
             req.kv_transfer_params = check_kv_transfer_params(kv_transfer_params, self.kv_connector)
@@ -350,12 +350,12 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         "Run one iteration; return an output for every request that produced a token or failed."
-        if self.kv_connector is not None:  # chapter 14: requests whose KV blocks have landed
+        if self.kv_connector is not None:  # requests whose KV blocks have landed
             self.kv_connector.admit(idle=self.scheduler.num_unfinished == 0)
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        if self.proposer is not None:  # chapter 12: draft tokens for the decodes to verify
+        if self.proposer is not None:  # draft tokens for the decodes to verify
             self.scheduler.set_drafts(out, self.proposer.propose(out))
         prefill = sum(n for r, n in zip(out.requests, out.num_tokens) if r.is_prefilling)
         sampled, errors = self._execute_isolating_failures(out)
@@ -431,7 +431,7 @@ class LLMEngine:
     def _emit(self, req: Request, tokens: list[int], delta: str) -> RequestOutput:
         "The request's output of this step, its new tokens added; finish it if it is done."
         if req.stream.finished:
-            if self.kv_connector is not None:  # chapter 14: its blocks, before they are freed
+            if self.kv_connector is not None:  # its blocks, before they are freed
                 self.kv_connector.finished(req)
             self.scheduler.finish(req, req.stream.finish_reason)
             self.requests.pop(req.request_id, None)

@@ -118,13 +118,13 @@ def profile_run(
         first += blocks
     cache = PagedKVCache.for_model(model.config, first, block_size, dtype, device)
     batch = build_flat_batch(seqs, lengths, block_size, device)
-    pool = make_state_pool(model.config, len(seqs), dtype, device)  # chapter 15b
+    pool = make_state_pool(model.config, len(seqs), dtype, device)
     attention = PagedAttention(cache, batch.metadata, backend, states=pool and pool.batch(batch))
     hidden = model(batch.input_ids, batch.positions, attention)
     rows = min(max_num_seqs, len(hidden))
     logits = model.compute_logits(hidden[:rows])
     every_filter = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05)
-    if len(logits):  # under tensor parallelism (chapter 11) only rank 0 holds logits and samples
+    if len(logits):  # under tensor parallelism only rank 0 holds logits and samples
         st = SamplingTensors.from_params([every_filter] * rows, model.config.vocab_size, device)
         sample(logits, st)
     return cache.nbytes + (pool.nbytes if pool else 0)
@@ -160,7 +160,7 @@ class ModelRunner:
         )
         self.backend = load_attention_backend(self.attention_backend)
         self.decoder = self.governor = None
-        if self.device.type == "cpu" and cpu_kernels:  # chapter 13b: our kernels, one call a step
+        if self.device.type == "cpu" and cpu_kernels:  # our kernels, one call a step
             fused = fused_cpu_step and self.attention_backend == "cpu"
             self.decoder, self.governor = cpu_decoder(model, fused)
         elif self.device.type == "cpu":
@@ -174,10 +174,10 @@ class ModelRunner:
         self.graphs = None
         on_gpu = self.device.type == "cuda" and self.attention_backend == "triton"
         # a graph's block tables are one group's, and it knows no recurrent states: chapter 15's
-        # hybrid pools and 15b's states run eagerly, as do models that say so (chapter 16)
+        # hybrid pools and 15b's states run eagerly, as do models that say so
         eager = hybrid_kv_cache(model.config) or self.states is not None or not model.cuda_graphs
         if cuda_graph_max_batch and on_gpu and not eager:
-            # chapter 8c: decode steps replayed from captured graphs
+            # decode steps replayed from captured graphs
             from minillm.engine.cuda_graphs import CUDAGraphDecoder
 
             self.graphs = CUDAGraphDecoder(
@@ -192,11 +192,11 @@ class ModelRunner:
         """Run one iteration; return the new tokens of each scheduled request: one when it samples,
         none for an unfinished prompt chunk (with draft tokens, chapter 12: the accepted drafts and
         one more)."""
-        if self.governor is not None:  # chapter 13b: threads for the cores others leave idle
+        if self.governor is not None:  # threads for the cores others leave idle
             self.governor.update()
         with record_function("minillm::prepare_inputs"):
             rows = [i for i, s in enumerate(out.samples) if s]
-            prompt_logits = [r.needs_prompt_logits for r in out.requests]  # chapter 12b
+            prompt_logits = [r.needs_prompt_logits for r in out.requests]
             batch = build_flat_batch(
                 out.requests, out.num_tokens, self.cache.block_size, self.device, prompt_logits
             )
@@ -210,12 +210,12 @@ class ModelRunner:
             with record_function("minillm::sample"):
                 sampled = SampleRows.of(out.requests, rows, batch.num_logits)
                 if any(r.params.processes_logits for r in out.requests):
-                    # chapter 12b: logprobs, penalties, biases, structured outputs
+                    # logprobs, penalties, biases, structured outputs
                     from minillm.engine.logits_processor import sample_processed
 
                     args = batch.num_logits, out.requests, sampled, self.generator
                     tokens = sample_processed(logits, *args)
-                elif any(r.spec_token_ids for r in out.requests):  # chapter 12
+                elif any(r.spec_token_ids for r in out.requests):
                     tokens = verify_drafts(logits[sampled.picked], sampled, self.generator)
                 else:
                     reqs = sampled.requests
@@ -227,7 +227,7 @@ class ModelRunner:
                     tokens = [[t] for t in drawn.tolist()]
             for i, t in zip(rows, tokens):
                 result[i] = t
-        if self.states is not None:  # chapter 15b: the step is done, its new states are kept
+        if self.states is not None:  # the step is done, its new states are kept
             self.states.commit()
         return result
 
@@ -239,7 +239,7 @@ class ModelRunner:
         sequence's last new token, and its draft tokens' predecessors). On a CPU, batches chapter
         13b's decoder takes run as one C++ call; the rest op by op."""
         if self.decoder is not None and self.decoder.can_run(batch, self.cache):
-            hidden = self.decoder.forward(batch, self.cache)  # chapter 13b: one C++ call
+            hidden = self.decoder.forward(batch, self.cache)  # one C++ call
         else:
             groups, states = batch.group_metadata, self.states and self.states.batch(batch)
             attention = PagedAttention(self.cache, batch.metadata, self.backend, groups, states)

@@ -45,7 +45,7 @@ def draft_model_budget(cfg: EngineConfig, dtype) -> tuple[int, int]:
         with safe_open(file, "pt") as f:
             numel += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
     draft = config_from_hf(read_config(path))
-    if hybrid_kv_cache(draft):  # its pool would be one group's (chapter 15): not built for drafts
+    if hybrid_kv_cache(draft):  # its pool would be one group's: not built for drafts
         raise ValueError(
             f"speculative_config model: {draft.architecture}'s layers keep different spans of "
             "the past (chapter 15); a draft model is one of chapter 2's Llama family"
@@ -62,7 +62,7 @@ def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) ->
     mcfg = model.config
     draft_weights, draft_block = draft_model_budget(cfg, dtype)
     extra = draft_weights if device.type == "cuda" else 0  # on CPU the budget is the KV's alone
-    states = cfg.max_num_seqs * state_bytes(mcfg, dtype)  # chapter 15b: part of the KV budget
+    states = cfg.max_num_seqs * state_bytes(mcfg, dtype)  # part of the KV budget
     if device.type == "cpu" and states >= cfg.kv_cache_memory_gb * 2**30:
         raise ValueError(
             f"max_num_seqs={cfg.max_num_seqs} slots of recurrent states take "
@@ -110,7 +110,7 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
     `tp` loads this rank's shard, makes the ranks agree on the pool's size, and makes the runner."""
     device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
     baseline = cuda_memory_snapshot(device) if device.type == "cuda" else None  # before weights
-    if cfg.quantization:  # chapter 13: weights in fewer bits
+    if cfg.quantization:  # weights in fewer bits
         args = cfg.quantization, cfg.model, model_path, dtype, device, cfg.cpu_kernels
         model = load_quantized(*args)
     else:

@@ -197,7 +197,7 @@ def _decode_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    # window > 0 (chapter 15): only the last `window` positions, from the tile that holds the first
+    # window > 0: only the last `window` positions, from the tile that holds the first
     lo = tl.where(window > 0, tl.maximum(context_len - window, 0), 0)
     first_tile = lo // BLOCK_N
     num_tiles = tl.cdiv(context_len, BLOCK_N)
@@ -456,7 +456,7 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     # causal: nothing past the last query
     keys_needed = tl.minimum(prefix + first_row + BLOCK_M, context_len)
-    # window > 0 (chapter 15): nothing before the tile's first row's window either
+    # window > 0: nothing before the tile's first row's window either
     lo = tl.where(window > 0, tl.maximum(prefix + first_row + 1 - window, 0), 0)
     table = block_tables_ptr + seq * block_tables_stride
     for t in range(lo // BLOCK_N, tl.cdiv(keys_needed, BLOCK_N)):

@@ -65,7 +65,7 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_scaling: dict | None = None
-    num_experts: int = 0  # experts per feed-forward layer (chapter 16); 0: dense
+    num_experts: int = 0  # experts per feed-forward layer; 0: dense
 
     @classmethod
     def from_hf(cls, c: dict) -> "ModelConfig":
@@ -236,7 +236,7 @@ class CausalLM(nn.Module):
     from outside."""
 
     config_class = ModelConfig  # chapter 15's architectures have their own
-    cuda_graphs = True  # can a decode step be captured (chapter 8c)? Chapter 16's experts cannot
+    cuda_graphs = True  # can a decode step be captured? Chapter 16's experts cannot
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -83,7 +83,7 @@ def local_config(cfg: ModelConfig, size: int, rank: int = 0) -> ModelConfig:
         num_kv_heads=kv_heads_of(cfg.num_kv_heads, 0, size)[1],
         intermediate_size=cfg.intermediate_size // size,
     )
-    return replace(local, expert_shard=(rank, size)) if cfg.num_experts else local  # chapter 16
+    return replace(local, expert_shard=(rank, size)) if cfg.num_experts else local
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #c2b3ac00
@@ -91,7 +91,7 @@ def shard_rule(name: str, cfg: ModelConfig, rank: int, size: int) -> tuple[int, 
     """(dimension, start, stop) of checkpoint tensor `name` that `rank` keeps; None: every rank
     keeps it all."""
     d, hq, inter = cfg.head_dim, cfg.num_heads // size, cfg.intermediate_size // size
-    if ".experts." in name:  # chapter 16: whole experts; the model keeps those of its rank
+    if ".experts." in name:  # whole experts; the model keeps those of its rank
         return None
     if ".q_proj." in name:  # column-parallel by query heads (weight and bias)
         return 0, rank * hq * d, (rank + 1) * hq * d
@@ -262,7 +262,7 @@ def load_model_shard(model_dir, dtype, device, tp: TPGroup) -> CausalLM:
         layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj, tp)
         if isinstance(layer.mlp, MLP):
             layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj, tp)
-        else:  # chapter 16: this rank's experts
+        else:  # this rank's experts
             layer.mlp = SummedOverRanks(layer.mlp, tp)
     model.model.embed_tokens = VocabParallelEmbedding(model.model.embed_tokens, tp)
     model.lm_head = ParallelLMHead(model.lm_head, full.vocab_size, tp)

@@ -17,7 +17,7 @@ from ..triton_utils import interpreted_bf16
 def _dot(x, w, UPCAST: tl.constexpr):
     """x times a dequantized weight tile, in x's dtype with float32 sums: bfloat16 and float16 run
     on the tensor cores; float32 multiplies exactly ("ieee": no TF32 rounding)."""
-    if UPCAST:  # the interpreter's bfloat16 products are wrong (chapter 8b): use float32 there
+    if UPCAST:  # the interpreter's bfloat16 products are wrong: use float32 there
         x = x.to(tl.float32)
     return tl.dot(x, w.to(x.dtype), input_precision="ieee")
 

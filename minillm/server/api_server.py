@@ -76,7 +76,7 @@ def build_app(
     _add_error_handlers(app, ctx.metrics)
     apis = add_completion_routes(app, ctx)
     apis["input"] = (EmbeddingRequest, add_embedding_routes(app, ctx, pooler))
-    add_responses_routes(app, ctx)  # chapter 12b: each request answered as the chat it amounts to
+    add_responses_routes(app, ctx)  # each request answered as the chat it amounts to
     add_tokenize_routes(app, ctx, enable_tokenizer_info)
     add_admin_routes(app, ctx, protect_metrics)
     _add_invocations(app, apis)

@@ -256,7 +256,7 @@ class ServerMetrics:
         self._advance(self.draft_tokens, sched.num_draft_tokens)
         self._advance(self.accepted_tokens, sched.num_accepted_tokens)
         self._advance(self.preemptions, sched.num_preemptions)
-        if engine.kv_connector is not None:  # chapter 14
+        if engine.kv_connector is not None:
             self._count_transfers(engine.kv_connector.stats())
             self.kv_peer.set(int(engine.kv_connector.peer_alive))
         pending = engine.kv_connector.num_pending if engine.kv_connector is not None else 0

@@ -86,7 +86,7 @@ UNSUPPORTED = {
     "logits_processors": ("custom logits processors", ([],)),
     "guided_decoding_backend": ("choosing the grammar backend", ("xgrammar", "auto")),
     "guided_whitespace_pattern": ("a whitespace pattern for JSON", ()),
-    # SGLang's fields, which its gateway and vllm-router send with every request (chapter 14)
+    # SGLang's fields, which its gateway and vllm-router send with every request
     "no_stop_trim": ("keeping the stop string in the output", (False,)),
     "return_hidden_states": ("hidden states", (False,)),
     "lora_path": ("LoRA adapters", ()),
@@ -159,7 +159,7 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # chapter 12b: penalties, biases, prompt logprobs and structured outputs
+    # penalties, biases, prompt logprobs and structured outputs
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -180,7 +180,7 @@ class SamplingFields(BaseModel):
     truncation_side: Literal["left", "right"] | None = None  # which end truncation cuts
     add_special_tokens: bool | None = None  # BOS and such (default: chat False, completions True)
     request_id: str | None = None  # the response's id ends with it
-    kv_transfer_params: dict[str, Any] | None = None  # chapter 14: vLLM's name, set by a proxy
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's name, set by a proxy
 
     def sampling_params(self, max_tokens: int | None, limits: ServerLimits) -> SamplingParams:
         "The engine's SamplingParams, checked against `limits`; APIError names a bad field."
@@ -242,7 +242,7 @@ def _limit(ok: bool, message: str, param: str):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None  # chapter 12b: logprobs of each token and its top N
+    logprobs: int | None = None  # logprobs of each token and its top N
     echo: bool = False  # the prompt before the completion (and its logprobs)
     return_top_k_logprobs: bool = False  # vLLM's packed top logprobs: base64 arrays
 
@@ -322,14 +322,14 @@ Messages = Annotated[
 
 class ChatCompletionRequest(SamplingFields):
     messages: Messages  # one conversation, or a batch of them: one choice (or n) for each
-    prompt_token_ids: list[int] | None = None  # chapter 12b: the conversation, rendered already
+    prompt_token_ids: list[int] | None = None  # the conversation, rendered already
     max_completion_tokens: int | None = None
-    logprobs: bool = False  # chapter 12b: logprobs of each token
+    logprobs: bool = False  # logprobs of each token
     top_logprobs: int | None = None  # and of the N most likely there
     tools: list[dict[str, Any]] | None = None  # functions the model may call
     tool_choice: str | dict[str, Any] | None = None  # none, auto, required or one function
     parallel_tool_calls: bool = True  # False: at most one call per answer
-    # chapter 12b: how the messages become a prompt (the chat template's own arguments)
+    # how the messages become a prompt (the chat template's own arguments)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False  # the answer starts with the last message, if it is the assistant's

@@ -361,7 +361,7 @@ class Responder:
                 usage = {"usage": _usage(last, self.n, produced)} if continuous else {}
                 finish = out.finish_reason if out.finished else None
                 stop = {"stop_reason": out.outputs[0].stop_reason} if out.finished else {}
-                if self.extras:  # chapter 12b: logprobs, echo, tool calls
+                if self.extras:  # logprobs, echo, tool calls
                     delta, extra, finish = self.extras.stream(
                         index, out, self._delta(out.delta_text), out.first_output
                     )
@@ -426,8 +426,8 @@ class ServerContext:
         self.metrics.describe_cache(aeng.engine)
         self.admission = Admission(aeng, limits, self.metrics)
         self.enable_auto_tool_choice = enable_auto_tool_choice
-        self.parser = parser  # the model's tool-call format (chapter 12b)
-        self.parts = parts  # do content parts reach the chat template as a list (chapter 12b)?
+        self.parser = parser  # the model's tool-call format
+        self.parts = parts  # do content parts reach the chat template as a list?
 
     @property
     def tokenizer(self):
@@ -508,7 +508,7 @@ class ServerContext:
     async def chat(self, raw: HTTPRequest, body: ChatCompletionRequest, reshape=None):
         "A chat completion, answered in its shape or (chapter 12b's Responses API) `reshape`d."
         params = body.sampling_params(body.max_completion_tokens or body.max_tokens, self.limits)
-        tool_mode = body.tool_mode(self.enable_auto_tool_choice)  # chapter 12b
+        tool_mode = body.tool_mode(self.enable_auto_tool_choice)
         prompts, chats, tools = self.rendered(body, tool_mode)
         args = params, True, chats, tool_mode, tools, reshape
         return await self.serve_request(raw, body, prompts, *args)
