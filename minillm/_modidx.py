@@ -3470,6 +3470,44 @@ d = {
                 "minillm/server/async_engine.py",
             ),
         },
+        "minillm.server.chat_template": {
+            "minillm.server.chat_template.check_token_in": (
+                "openai_api.html#check_token_in",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.content_format": (
+                "openai_api.html#content_format",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.load_chat_template": (
+                "openai_api.html#load_chat_template",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.prompt_options": (
+                "openai_api.html#prompt_options",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.shaped_prompt": (
+                "openai_api.html#shaped_prompt",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.template_renders_tools": (
+                "openai_api.html#template_renders_tools",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.template_uses": (
+                "openai_api.html#template_uses",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.tokenizer_info": (
+                "openai_api.html#tokenizer_info",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.truncated": (
+                "openai_api.html#truncated",
+                "minillm/server/chat_template.py",
+            ),
+        },
         "minillm.server.completions": {
             "minillm.server.completions.add_completion_routes": (
                 "serving.html#add_completion_routes",
@@ -3520,6 +3558,7 @@ d = {
                 "serving.html#apierror.body",
                 "minillm/server/errors.py",
             ),
+            "minillm.server.errors.refuse": ("serving.html#refuse", "minillm/server/errors.py"),
         },
         "minillm.server.metrics": {
             "minillm.server.metrics.ServerMetrics": (
@@ -3580,116 +3619,8 @@ d = {
             ),
         },
         "minillm.server.openai_fields": {
-            "minillm.server.openai_fields.OutputExtras": (
-                "openai_api.html#outputextras",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras.__init__": (
-                "openai_api.html#outputextras.__init__",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras._offsets": (
-                "openai_api.html#outputextras._offsets",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras._prompt_entries": (
-                "openai_api.html#outputextras._prompt_entries",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras._prompt_text": (
-                "openai_api.html#outputextras._prompt_text",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras._stream_auto": (
-                "openai_api.html#outputextras._stream_auto",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras._tool_calls": (
-                "openai_api.html#outputextras._tool_calls",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras.complete": (
-                "openai_api.html#outputextras.complete",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras.stream": (
-                "openai_api.html#outputextras.stream",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.OutputExtras.top_level": (
-                "openai_api.html#outputextras.top_level",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TextOffsets": (
-                "openai_api.html#textoffsets",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TextOffsets.__call__": (
-                "openai_api.html#textoffsets.__call__",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TextOffsets.__init__": (
-                "openai_api.html#textoffsets.__init__",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TokenIdTexts": (
-                "openai_api.html#tokenidtexts",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TokenIdTexts.__call__": (
-                "openai_api.html#tokenidtexts.__call__",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TokenTexts": (
-                "openai_api.html#tokentexts",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TokenTexts.__call__": (
-                "openai_api.html#tokentexts.__call__",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.TokenTexts.__init__": (
-                "openai_api.html#tokentexts.__init__",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields._finite": (
-                "openai_api.html#_finite",
-                "minillm/server/openai_fields.py",
-            ),
             "minillm.server.openai_fields._or": (
                 "openai_api.html#_or",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields._refuse": (
-                "openai_api.html#_refuse",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.chat_input": (
-                "openai_api.html#chat_input",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.chat_logprobs": (
-                "openai_api.html#chat_logprobs",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.check_token_in": (
-                "openai_api.html#check_token_in",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.check_tools": (
-                "openai_api.html#check_tools",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.completion_logprobs": (
-                "openai_api.html#completion_logprobs",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.content_format": (
-                "openai_api.html#content_format",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.echoed_message": (
-                "openai_api.html#echoed_message",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.field_status": (
@@ -3700,77 +3631,123 @@ d = {
                 "openai_api.html#guided_decoding_of",
                 "minillm/server/openai_fields.py",
             ),
-            "minillm.server.openai_fields.load_chat_template": (
-                "openai_api.html#load_chat_template",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.output_extras": (
-                "openai_api.html#output_extras",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.packed_top_k": (
-                "openai_api.html#packed_top_k",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.parse_tool_calls": (
-                "openai_api.html#parse_tool_calls",
-                "minillm/server/openai_fields.py",
-            ),
             "minillm.server.openai_fields.processing_params": (
                 "openai_api.html#processing_params",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.prompt_options": (
-                "openai_api.html#prompt_options",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.rebased_refs": (
-                "openai_api.html#rebased_refs",
                 "minillm/server/openai_fields.py",
             ),
             "minillm.server.openai_fields.response_format_guide": (
                 "openai_api.html#response_format_guide",
                 "minillm/server/openai_fields.py",
             ),
-            "minillm.server.openai_fields.shaped_prompt": (
-                "openai_api.html#shaped_prompt",
-                "minillm/server/openai_fields.py",
-            ),
             "minillm.server.openai_fields.structured_outputs_guide": (
                 "openai_api.html#structured_outputs_guide",
                 "minillm/server/openai_fields.py",
             ),
-            "minillm.server.openai_fields.template_renders_tools": (
-                "openai_api.html#template_renders_tools",
-                "minillm/server/openai_fields.py",
+        },
+        "minillm.server.output_extras": {
+            "minillm.server.output_extras.OutputExtras": (
+                "openai_api.html#outputextras",
+                "minillm/server/output_extras.py",
             ),
-            "minillm.server.openai_fields.template_uses": (
-                "openai_api.html#template_uses",
-                "minillm/server/openai_fields.py",
+            "minillm.server.output_extras.OutputExtras.__init__": (
+                "openai_api.html#outputextras.__init__",
+                "minillm/server/output_extras.py",
             ),
-            "minillm.server.openai_fields.token_texts": (
+            "minillm.server.output_extras.OutputExtras._offsets": (
+                "openai_api.html#outputextras._offsets",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.OutputExtras._prompt_entries": (
+                "openai_api.html#outputextras._prompt_entries",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.OutputExtras._prompt_text": (
+                "openai_api.html#outputextras._prompt_text",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.OutputExtras._stream_auto": (
+                "openai_api.html#outputextras._stream_auto",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.OutputExtras._tool_calls": (
+                "openai_api.html#outputextras._tool_calls",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.OutputExtras.complete": (
+                "openai_api.html#outputextras.complete",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.OutputExtras.stream": (
+                "openai_api.html#outputextras.stream",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.OutputExtras.top_level": (
+                "openai_api.html#outputextras.top_level",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TextOffsets": (
+                "openai_api.html#textoffsets",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TextOffsets.__call__": (
+                "openai_api.html#textoffsets.__call__",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TextOffsets.__init__": (
+                "openai_api.html#textoffsets.__init__",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TokenIdTexts": (
+                "openai_api.html#tokenidtexts",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TokenIdTexts.__call__": (
+                "openai_api.html#tokenidtexts.__call__",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TokenTexts": (
+                "openai_api.html#tokentexts",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TokenTexts.__call__": (
+                "openai_api.html#tokentexts.__call__",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.TokenTexts.__init__": (
+                "openai_api.html#tokentexts.__init__",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras._finite": (
+                "openai_api.html#_finite",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.chat_logprobs": (
+                "openai_api.html#chat_logprobs",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.completion_logprobs": (
+                "openai_api.html#completion_logprobs",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.echoed_message": (
+                "openai_api.html#echoed_message",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.output_extras": (
+                "openai_api.html#output_extras",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.packed_top_k": (
+                "openai_api.html#packed_top_k",
+                "minillm/server/output_extras.py",
+            ),
+            "minillm.server.output_extras.token_texts": (
                 "openai_api.html#token_texts",
-                "minillm/server/openai_fields.py",
+                "minillm/server/output_extras.py",
             ),
-            "minillm.server.openai_fields.tokenizer_info": (
-                "openai_api.html#tokenizer_info",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.tool_call_schema": (
-                "openai_api.html#tool_call_schema",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.tool_mode": (
-                "openai_api.html#tool_mode",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.truncated": (
-                "openai_api.html#truncated",
-                "minillm/server/openai_fields.py",
-            ),
-            "minillm.server.openai_fields.vllm_prompt_logprobs": (
+            "minillm.server.output_extras.vllm_prompt_logprobs": (
                 "openai_api.html#vllm_prompt_logprobs",
-                "minillm/server/openai_fields.py",
+                "minillm/server/output_extras.py",
             ),
         },
         "minillm.server.protocol": {
@@ -4289,8 +4266,32 @@ d = {
                 "openai_api.html#_partial_suffix",
                 "minillm/server/tool_parsers.py",
             ),
+            "minillm.server.tool_parsers.chat_input": (
+                "openai_api.html#chat_input",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.check_tools": (
+                "openai_api.html#check_tools",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.parse_tool_calls": (
+                "openai_api.html#parse_tool_calls",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.rebased_refs": (
+                "openai_api.html#rebased_refs",
+                "minillm/server/tool_parsers.py",
+            ),
             "minillm.server.tool_parsers.tool_call": (
                 "openai_api.html#tool_call",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.tool_call_schema": (
+                "openai_api.html#tool_call_schema",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.tool_mode": (
+                "openai_api.html#tool_mode",
                 "minillm/server/tool_parsers.py",
             ),
             "minillm.server.tool_parsers.tools_in_prompt": (

@@ -890,7 +890,7 @@ def test_server_continuous_usage_stats(server):
 def test_parallel_tool_calls_false_keeps_the_first_call():
     from types import SimpleNamespace
 
-    from minillm.server.openai_fields import OutputExtras, TokenTexts
+    from minillm.server.output_extras import OutputExtras, TokenTexts
 
     fields = ("return_tokens_as_token_ids", "prompt_logprobs", "return_token_ids", "top_logprobs")
     body = SimpleNamespace(parallel_tool_calls=False, logprobs=False, **dict.fromkeys(fields))

@@ -19,10 +19,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine.llm_engine import EngineConfig, LLMEngine
 from .admin import add_admin_routes
 from .async_engine import AsyncEngine
+from .chat_template import content_format, load_chat_template
 from .completions import add_completion_routes
 from .embeddings import EmbeddingRequest, PoolerConfig, add_embedding_routes
 from .metrics import ServerMetrics
-from .openai_fields import content_format, load_chat_template
 from .protocol import APIError, ServerLimits, validation_message
 from .responses import add_responses_routes
 from .serving import BodyLimit, RootPath, ServerContext, error_response

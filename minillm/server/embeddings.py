@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..llm import as_prompt_list
 from ..models.decoder import no_cache_attention
-from .openai_fields import prompt_options, truncated
+from .chat_template import prompt_options, truncated
 from .protocol import INERT, UNSUPPORTED, APIError, check_extra_fields, checked_text
 
 # vLLM's embedding fields that minillm does not implement: (what, values asking nothing)

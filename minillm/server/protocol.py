@@ -339,7 +339,7 @@ class ChatCompletionRequest(SamplingFields):
 
     def tool_mode(self, auto_tools: bool) -> str:
         "none, auto, required or the forced function's name (chapter 12b); APIError if impossible."
-        from minillm.server.openai_fields import tool_mode
+        from minillm.server.tool_parsers import tool_mode
 
         return tool_mode(self, auto_tools)
 
@@ -347,7 +347,7 @@ class ChatCompletionRequest(SamplingFields):
         """The conversations to answer, checked: one, or vLLM's batch; none when the prompt comes
         as token ids (chapter 12b)."""
         if self.prompt_token_ids is not None:
-            from minillm.server.openai_fields import check_token_in
+            from minillm.server.chat_template import check_token_in
 
             check_token_in(self)
             return []

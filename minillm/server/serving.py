@@ -173,7 +173,7 @@ class Admission:
             except Exception as e:  # the template's own checks (roles that must alternate...)
                 raise ValueError(f"the chat template refused these messages: {e}") from None
         if options:
-            from minillm.server.openai_fields import shaped_prompt
+            from minillm.server.chat_template import shaped_prompt
 
             prompts = [shaped_prompt(engine.tokenizer, p, options) for p in prompts]
         return [
@@ -453,19 +453,19 @@ class ServerContext:
 
     def output_extras(self, body, chat: bool, tool_mode: str):
         "Chapter 12b's additions to the responses (logprobs, echo, tool calls), or None."
-        from minillm.server.openai_fields import output_extras
+        from minillm.server.output_extras import output_extras
 
         return output_extras(body, chat, tool_mode, self.tokenizer, self.parser)
 
     def chat_input(self, messages: list[dict], tools: list | None, tool_mode: str):
         "Chapter 12b: the messages and tools the chat template gets."
-        from minillm.server.openai_fields import chat_input
+        from minillm.server.tool_parsers import chat_input
 
         return chat_input(messages, tools, tool_mode, self.tokenizer, self.parser())
 
     def prompt_options(self, body) -> dict:
         "Chapter 12b's chat template arguments, special tokens and truncation of this body."
-        from minillm.server.openai_fields import prompt_options
+        from minillm.server.chat_template import prompt_options
 
         return prompt_options(body, self.aeng.engine.max_model_len, self.tokenizer)
 

@@ -73,7 +73,7 @@ def add_tokenize_routes(app: FastAPI, ctx: ServerContext, tokenizer_info: bool =
         return {"prompt": text}
 
     if tokenizer_info:
-        from minillm.server.openai_fields import tokenizer_info as info
+        from minillm.server.chat_template import tokenizer_info as info
 
         @app.get("/tokenizer_info")
         async def get_tokenizer_info(raw: HTTPRequest):

@@ -10,11 +10,20 @@ __all__ = [
     "HermesToolParser",
     "Llama3JsonToolParser",
     "tools_in_prompt",
+    "rebased_refs",
+    "tool_call_schema",
+    "check_tools",
+    "parse_tool_calls",
+    "chat_input",
+    "tool_mode",
 ]
 
 # %% ../../nbs/12b_openai_api.ipynb #acae54e37e7d407bbb7b55eff062a284
 import json
 import uuid
+
+from .chat_template import template_renders_tools
+from .errors import refuse
 
 
 def tool_call(name: str, arguments) -> dict:
@@ -274,3 +283,121 @@ def _earlier_call(call, i: int, j: int) -> dict:
     except ValueError:
         raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON") from None
     return {"name": f["name"], "arguments": arguments}
+
+
+# %% ../../nbs/12b_openai_api.ipynb #8253d4ce2
+def rebased_refs(schema, base: str):
+    """`schema` with its local references ("#", "#/$defs/X", any "#/..." pointer) pointing into
+    the place `base` (a JSON pointer, "#/items/...") where it is nested in a larger schema."""
+    if isinstance(schema, list):
+        return [rebased_refs(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: rebased_refs(v, base) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
+def tool_call_schema(tools: list[dict]) -> dict:
+    """tool_choice='required': a JSON array of one or more {name, parameters} calls (vLLM's shape).
+    Each tool's schema keeps its `$defs`: its references are rebased to where it is nested."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t["function"]["name"]]},
+                "parameters": rebased_refs(
+                    t["function"].get("parameters") or {"type": "object"},
+                    f"#/items/anyOf/{i}/properties/parameters",
+                ),
+            },
+            "required": ["name", "parameters"],
+        }
+        for i, t in enumerate(tools)
+    ]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+
+
+def check_tools(tools: list | None, tool_choice) -> str:
+    """What `tools` and `tool_choice` ask for: 'none', 'auto', 'required' or a function's name;
+    APIError(400) for a malformed tool list or choice."""
+    if tools == []:
+        refuse("tools must not be an empty array; leave it out for a chat without tools", "tools")
+    tools = tools or []
+    for t in tools:
+        f = t.get("function") if isinstance(t, dict) else None
+        named = isinstance(f, dict) and isinstance(f.get("name"), str)
+        if t.get("type", "function") != "function" or not named:
+            refuse("each tool is {'type': 'function', 'function': {'name', 'parameters'}}", "tools")
+        if not isinstance(f.get("parameters", {}), dict):
+            refuse(f"tool {f['name']!r}: parameters must be a JSON schema object", "tools")
+    if tool_choice is None:
+        return "auto" if tools else "none"
+    if tool_choice in ("none", "auto", "required"):
+        if tool_choice != "none" and not tools:
+            refuse(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
+        return tool_choice
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if name is None:
+        refuse(
+            "tool_choice is 'none', 'auto', 'required' or "
+            "{'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
+    if name not in {t["function"]["name"] for t in tools}:
+        refuse(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+    return name
+
+
+# %% ../../nbs/12b_openai_api.ipynb #0f0825fa0
+def parse_tool_calls(
+    text: str, tool_mode: str, parser: type[ToolParser] = HermesToolParser
+) -> tuple[str | None, list[dict]]:
+    """The message content and tool calls in a completion's text: the forced function's arguments,
+    the 'required' array, or (auto) the calls `parser` finds."""
+    if tool_mode == "none":
+        return text, []
+    if tool_mode == "auto":
+        return parser.extract(text)
+    if tool_mode == "required":
+        try:
+            return None, [tool_call(c["name"], c["parameters"]) for c in json.loads(text)]
+        except (ValueError, KeyError, TypeError):
+            return "", []  # cut off by max_tokens: no call, and (as OpenAI answers) no content
+    try:
+        json.loads(text)
+    except ValueError:
+        return text, []  # the forced call's arguments were cut off: no call a client could parse
+    return None, [tool_call(tool_mode, text)]
+
+
+def chat_input(
+    messages: list[dict], tools: list | None, tool_mode: str, tokenizer, parser: ToolParser
+) -> tuple[list[dict], list | None]:
+    """The messages and tools a chat template gets: as sent where it renders tools; where it does
+    not, rewritten by `tools_in_prompt` (the tools shown only under 'auto', which needs them)."""
+    tools = tools if tool_mode != "none" else None
+    if template_renders_tools(tokenizer):
+        return messages, tools
+    try:
+        return tools_in_prompt(messages, tools if tool_mode == "auto" else None, parser), None
+    except ValueError as e:
+        refuse(str(e), "messages")
+
+
+# %% ../../nbs/12b_openai_api.ipynb #fc316cd02
+def tool_mode(body, auto_tools: bool) -> str:
+    """What a chat body's tools ask for; 'auto' only on a server started with
+    --enable-auto-tool-choice (`auto_tools`), as in vLLM."""
+    mode = check_tools(body.tools, body.tool_choice)
+    if mode == "auto" and not auto_tools:
+        refuse(
+            "tool_choice 'auto' (the default when tools are given) lets the model decide whether "
+            "to call a tool; start the server with --enable-auto-tool-choice (and "
+            "--tool-call-parser for the model's format, hermes by default), or send tool_choice "
+            "'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
+    return mode
