@@ -7,7 +7,6 @@ import time
 
 import torch
 
-from minillm.bench.online import free_port
 from minillm.core.block_manager import BlockManager
 from minillm.core.kv_cache import PagedKVCache
 from minillm.core.scheduler import Scheduler
@@ -39,15 +38,44 @@ def test_a_failed_decoder_build_is_reported_with_its_reason(monkeypatch, caplog)
     assert "g++ not found" in caplog.text
 
 
-def test_a_producer_without_its_consumer_retries_with_bounded_waits_and_says_so(caplog):
-    caplog.set_level(logging.WARNING, logger="minillm.kv_transfer")
+def _producer(monkeypatch, error: Exception):
+    "A KV producer whose every try to reach its consumer raises `error`, counted."
+    monkeypatch.setattr(kv_transfer, "RECONNECT_MAX", 0.01)  # retry at once: many tries, quickly
     cache = PagedKVCache(1, 4, 4, 1, 8, dtype=torch.float32)
-    scheduler = Scheduler(BlockManager(4, 4))
-    producer = kv_transfer.KVProducer(cache, scheduler, f"127.0.0.1:{free_port()}", "s", 0.2)
+    producer = kv_transfer.KVProducer(cache, Scheduler(BlockManager(4, 4)), "127.0.0.1:1", "s")
+    tries = []
+
+    def connect():
+        tries.append(1)
+        raise error
+
+    monkeypatch.setattr(producer.link, "connect", connect)
+    return producer, tries
+
+
+def _wait(condition, seconds: float = 60):
+    "Poll until `condition()` holds; a loaded machine may be slow, so the bound is generous."
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_producer_without_its_consumer_retries_and_says_so_once_a_minute(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="minillm.kv_transfer")
+    producer, tries = _producer(monkeypatch, ConnectionRefusedError("refused"))
     producer.start()
-    time.sleep(1.5)
+    _wait(lambda: len(tries) >= 5)
     producer.close()
-    assert not producer._thread.is_alive()
-    said = [r.getMessage() for r in caplog.records if "cannot reach the consumer" in r.getMessage()]
+    assert len(tries) >= 5 and not producer._thread.is_alive()
+    said = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
     assert len(said) == 1, said  # the first failure, then once a minute
-    assert kv_transfer.RECONNECT_MAX <= 10
+    assert "ConnectionRefusedError: refused" in said[0]
+
+
+def test_a_producer_stops_on_an_error_that_is_not_the_networks(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="minillm.kv_transfer")
+    producer, tries = _producer(monkeypatch, ValueError("a bug"))
+    producer.start()
+    _wait(lambda: not producer._thread.is_alive())
+    assert len(tries) == 1 and not producer._thread.is_alive()
+    assert "ValueError: a bug" in caplog.text

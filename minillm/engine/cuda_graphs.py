@@ -67,9 +67,8 @@ class CUDAGraphDecoder:
             context_lens_list=[max_model_len] * bs,
             query_starts=list(range(bs)),
         )
-        attn = PagedAttention(
-            self.cache, md, load_attention_backend("triton")
-        )  # its plan and split-K: fixed here
+        # its plan and split-K: fixed here, once per captured batch size
+        attn = PagedAttention(self.cache, md, load_attention_backend("triton"))
         out = self.logits_buffer[:bs]
 
         # the logits land in one buffer shared by every graph: no per-size [bs, vocab] copy

@@ -335,13 +335,13 @@ class KVProducer(KVConnector):
         may start later or restart, so the producer keeps trying, each wait at most
         `RECONNECT_MAX` s, and says why it cannot connect (the first time, then once a minute);
         an error that is not the network's ends the thread, logged, with `peer_alive` False."""
-        tries, said, pause = 0, 0.0, 0.5
+        tries, said, pause = 0, None, 0.5  # said: when the last failure was logged
         while not self._closed.is_set():
             try:
                 store = self.link.connect()
             except (RuntimeError, OSError) as e:  # refused or timed out: not up (yet)
                 tries, pause = tries + 1, min(2 * pause, RECONNECT_MAX)
-                if time.monotonic() > said + 60:
+                if said is None or time.monotonic() > said + 60:
                     said = time.monotonic()
                     logger.warning(
                         "cannot reach the consumer at %s:%d (%d tries; %s: %s); retrying",
@@ -353,7 +353,10 @@ class KVProducer(KVConnector):
                     )
                 self._closed.wait(pause)
                 continue
-            tries, said, pause, self.peer_alive = 0, 0.0, 0.5, True
+            except Exception:
+                logger.exception("the KV transfer thread stopped")
+                return
+            tries, said, pause, self.peer_alive = 0, None, 0.5, True
             try:
                 self._serve(store)
             except (RuntimeError, OSError) as e:
