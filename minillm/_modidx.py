@@ -578,6 +578,52 @@ d = {
                 "minillm/core/kv_cache.py",
             ),
         },
+        "minillm.core.kv_cache_config": {
+            "minillm.core.kv_cache_config.GraphKVInputs": (
+                "model_runner.html#graphkvinputs",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig": (
+                "model_runner.html#kvcacheconfig",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.__init__": (
+                "model_runner.html#kvcacheconfig.__init__",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.block_bytes": (
+                "model_runner.html#kvcacheconfig.block_bytes",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.graph_inputs": (
+                "model_runner.html#kvcacheconfig.graph_inputs",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.hybrid": (
+                "model_runner.html#kvcacheconfig.hybrid",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.make_manager": (
+                "model_runner.html#kvcacheconfig.make_manager",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.make_pool": (
+                "model_runner.html#kvcacheconfig.make_pool",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.make_states": (
+                "model_runner.html#kvcacheconfig.make_states",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheConfig.state_bytes": (
+                "model_runner.html#kvcacheconfig.state_bytes",
+                "minillm/core/kv_cache_config.py",
+            ),
+            "minillm.core.kv_cache_config.KVCacheGroupSpec": (
+                "model_runner.html#kvcachegroupspec",
+                "minillm/core/kv_cache_config.py",
+            ),
+        },
         "minillm.core.quantized_kv_cache": {
             "minillm.core.quantized_kv_cache.QuantizedKVCache": (
                 "quantization.html#quantizedkvcache",
@@ -1265,14 +1311,6 @@ d = {
                 "model_runner.html#cpu_usable",
                 "minillm/engine/assembly.py",
             ),
-            "minillm.engine.assembly.hybrid_kv_cache": (
-                "model_runner.html#hybrid_kv_cache",
-                "minillm/engine/assembly.py",
-            ),
-            "minillm.engine.assembly.kv_block_bytes": (
-                "model_runner.html#kv_block_bytes",
-                "minillm/engine/assembly.py",
-            ),
             "minillm.engine.assembly.load_attention_backend": (
                 "model_runner.html#load_attention_backend",
                 "minillm/engine/assembly.py",
@@ -1281,20 +1319,8 @@ d = {
                 "model_runner.html#load_quantized",
                 "minillm/engine/assembly.py",
             ),
-            "minillm.engine.assembly.make_block_manager": (
-                "model_runner.html#make_block_manager",
-                "minillm/engine/assembly.py",
-            ),
-            "minillm.engine.assembly.make_kv_cache": (
-                "model_runner.html#make_kv_cache",
-                "minillm/engine/assembly.py",
-            ),
             "minillm.engine.assembly.make_proposer": (
                 "model_runner.html#make_proposer",
-                "minillm/engine/assembly.py",
-            ),
-            "minillm.engine.assembly.make_state_pool": (
-                "model_runner.html#make_state_pool",
                 "minillm/engine/assembly.py",
             ),
             "minillm.engine.assembly.pack_cpu_weights": (
@@ -1307,10 +1333,6 @@ d = {
             ),
             "minillm.engine.assembly.resolve_object": (
                 "model_runner.html#resolve_object",
-                "minillm/engine/assembly.py",
-            ),
-            "minillm.engine.assembly.state_bytes": (
-                "model_runner.html#state_bytes",
                 "minillm/engine/assembly.py",
             ),
             "minillm.engine.assembly.triton_usable": (
@@ -1789,6 +1811,10 @@ d = {
             ),
         },
         "minillm.engine.logits_processor": {
+            "minillm.engine.logits_processor.LogitsState": (
+                "openai_api.html#logitsstate",
+                "minillm/engine/logits_processor.py",
+            ),
             "minillm.engine.logits_processor.PenaltyCounts": (
                 "openai_api.html#penaltycounts",
                 "minillm/engine/logits_processor.py",
@@ -1829,16 +1855,16 @@ d = {
                 "openai_api.html#process_logits",
                 "minillm/engine/logits_processor.py",
             ),
+            "minillm.engine.logits_processor.processed_logits": (
+                "openai_api.html#processed_logits",
+                "minillm/engine/logits_processor.py",
+            ),
             "minillm.engine.logits_processor.record_logprobs": (
                 "openai_api.html#record_logprobs",
                 "minillm/engine/logits_processor.py",
             ),
             "minillm.engine.logits_processor.record_prompt_logprobs": (
                 "openai_api.html#record_prompt_logprobs",
-                "minillm/engine/logits_processor.py",
-            ),
-            "minillm.engine.logits_processor.sample_processed": (
-                "openai_api.html#sample_processed",
                 "minillm/engine/logits_processor.py",
             ),
             "minillm.engine.logits_processor.token_counts": (
@@ -1859,12 +1885,20 @@ d = {
                 "model_runner.html#modelrunner.__init__",
                 "minillm/engine/model_runner.py",
             ),
+            "minillm.engine.model_runner.ModelRunner._capture_graphs": (
+                "model_runner.html#modelrunner._capture_graphs",
+                "minillm/engine/model_runner.py",
+            ),
             "minillm.engine.model_runner.ModelRunner.execute": (
                 "model_runner.html#modelrunner.execute",
                 "minillm/engine/model_runner.py",
             ),
             "minillm.engine.model_runner.ModelRunner.forward": (
                 "model_runner.html#modelrunner.forward",
+                "minillm/engine/model_runner.py",
+            ),
+            "minillm.engine.model_runner.ModelRunner.graphs_refused": (
+                "model_runner.html#modelrunner.graphs_refused",
                 "minillm/engine/model_runner.py",
             ),
             "minillm.engine.model_runner.ModelRunner.shutdown": (
@@ -1882,6 +1916,36 @@ d = {
             "minillm.engine.model_runner.profile_run": (
                 "model_runner.html#profile_run",
                 "minillm/engine/model_runner.py",
+            ),
+        },
+        "minillm.engine.sampler": {
+            "minillm.engine.sampler.Sampler": (
+                "model_runner.html#sampler",
+                "minillm/engine/sampler.py",
+            ),
+            "minillm.engine.sampler.Sampler.__call__": (
+                "model_runner.html#sampler.__call__",
+                "minillm/engine/sampler.py",
+            ),
+            "minillm.engine.sampler.Sampler.__init__": (
+                "model_runner.html#sampler.__init__",
+                "minillm/engine/sampler.py",
+            ),
+            "minillm.engine.sampler.Sampler.draw": (
+                "model_runner.html#sampler.draw",
+                "minillm/engine/sampler.py",
+            ),
+            "minillm.engine.sampler.SamplerOutput": (
+                "model_runner.html#sampleroutput",
+                "minillm/engine/sampler.py",
+            ),
+            "minillm.engine.sampler.SamplerOutput.__init__": (
+                "model_runner.html#sampleroutput.__init__",
+                "minillm/engine/sampler.py",
+            ),
+            "minillm.engine.sampler.SamplerOutput.tolist": (
+                "model_runner.html#sampleroutput.tolist",
+                "minillm/engine/sampler.py",
             ),
         },
         "minillm.engine.structured_output": {

@@ -134,6 +134,18 @@ def test_profile_run_gives_the_recurrent_layers_states(qwen):
     assert pool_bytes > kv_bytes * 64 // 16  # the KV blocks and the states
 
 
+def test_kv_cache_config_gives_each_sequence_a_state_slot(qwen):
+    """The recurrent layers' share of the KV cache: a slot of states per sequence, in the graph
+    buffers too; the runner says by name why its decode steps are not captured."""
+    llm = LLM(str(qwen[0]), num_kv_blocks=16, block_size=4)
+    kv = llm.engine.runner.kv_config
+    assert not kv.hybrid and kv.state_layers == 6 and kv.state_bytes > 0
+    assert kv.block_bytes == 4 * 2 * 2 * 2 * 32 * 4  # 2 attention layers, K and V, 2 heads of 32
+    inputs = kv.graph_inputs(8, 30, "cpu")
+    assert [t.shape for t in inputs.block_tables] == [(8, 8)] and inputs.state_slots.shape == (8,)
+    assert "recurrent layers' states" in llm.engine.runner.graphs_refused()
+
+
 @pytest.mark.parametrize("chunk", [64, 5])
 def test_rule_against_transformers(chunk):
     "Both forms of the rule against transformers' references, from a state, keys shared by heads."

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from minillm import LLM, SamplingParams
+from minillm.core.kv_cache_config import KVCacheConfig
 from minillm.core.quantized_kv_cache import (
     QuantizedKVCache,
     check_kv_cache_dtype,
@@ -18,7 +19,6 @@ from minillm.core.quantized_kv_cache import (
 )
 from minillm.course.naive import greedy_divergence
 from minillm.course.quantized import FakeQuantizedCache
-from minillm.engine.assembly import kv_block_bytes
 from minillm.engine.llm_engine import EngineConfig
 from minillm.loader import default_gguf_path, encode_chat, read_config, resolve_model_path
 from minillm.models.decoder import ModelConfig, load_model, no_cache_attention
@@ -260,8 +260,8 @@ def test_cpu_kernel_reads_a_quantized_pool_as_the_torch_backend_does():
 
 def test_quantized_pools_hold_more_blocks_in_the_same_memory(model_dir):
     cfg = ModelConfig.from_hf(read_config(model_dir))
-    float_bytes = kv_block_bytes(cfg, 16, torch.float32)
-    int8_bytes = kv_block_bytes(cfg, 16, torch.float32, "int8")
+    float_bytes = KVCacheConfig(cfg, 16, torch.float32).block_bytes
+    int8_bytes = KVCacheConfig(cfg, 16, torch.float32, "int8").block_bytes
     assert int8_bytes == 16 * 2 * cfg.num_layers * cfg.num_kv_heads * (cfg.head_dim + 4)
     llm = LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", kv_cache_memory_gb=0.05)
     cache = llm.engine.runner.cache

@@ -9,11 +9,14 @@ import pytest
 import torch
 from helpers import assert_equal_except_near_ties
 
+from minillm.attention.input_batch import SampleRows
+from minillm.core.block_manager import Sequence
+from minillm.engine.sampler import SamplerOutput
 from minillm.llm import LLM
 from minillm.sampling import SamplingParams
 from minillm.server.metrics import ServerMetrics
 from minillm.spec_decode.proposers import ngram_draft, truncated_model_dir
-from minillm.spec_decode.rejection_sampler import greedy_accept, rejection_sample
+from minillm.spec_decode.rejection_sampler import greedy_accept, rejection_sample, verify_drafts
 
 STEPS = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
@@ -136,6 +139,31 @@ def test_rejection_sampling_follows_the_target_distribution():
             first[rejection_sample(probs, draft, gen)[0]] += 1
         assert (first / n - p).abs().max() < 0.015  # about five standard errors
     assert greedy_accept([1, 2, 3], [1, 2]) == [1, 2, 3] and greedy_accept([1, 5], [2]) == [1]
+
+
+def test_batched_greedy_verification_is_greedy_accept_per_request():
+    """verify_drafts checks every greedy request at once on the device; each row of its output
+    is `greedy_accept` of the request's own drafts and target tokens."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        seqs, rows = [], []
+        for i in range(int(torch.randint(1, 6, (), generator=gen))):
+            k = int(torch.randint(0, 5, (), generator=gen))
+            drafts = torch.randint(0, 4, (k,), generator=gen).tolist()  # a small vocabulary: hits
+            seqs.append(Sequence(i, [1, 2, 3], spec_token_ids=drafts))
+            rows.append(i)
+        num_logits = [1 + len(s.spec_token_ids) for s in seqs]
+        sampled = SampleRows.of(seqs, rows, num_logits)
+        logits = torch.randn(sum(num_logits), 4, generator=gen)
+        for s in seqs:
+            s.params = SamplingParams(temperature=0)
+        got = SamplerOutput(verify_drafts(logits[sampled.picked], sampled)).tolist()
+        target = logits[sampled.picked].argmax(-1).tolist()
+        want = [
+            greedy_accept(target[sp.start : sp.stop], s.spec_token_ids)
+            for s, sp in zip(seqs, sampled.spans)
+        ]
+        assert got == want, trial
 
 
 def test_ngram_draft():

@@ -47,12 +47,8 @@ class Request(Sequence):
     num_preemptions: int = 0
     num_draft_tokens: int = 0  # draft tokens proposed for it
     num_accepted_tokens: int = 0  # of those, how many the model confirmed
-    bad_words_ids: list[list[int]] = field(default_factory=list)  # bad_words tokenized (12b)
-    grammar: Any = None  # its structured-output matcher, when it has one
-    penalty_counts: Any = None  # its tokens counted on the device, when penalised
-    logprobs: list = field(default_factory=list)  # per output token, when asked
-    new_logprobs: list = field(default_factory=list)  # the sampler's, of this step's new tokens
-    prompt_logprobs: list | None = None  # per prompt token (None for the first), when asked
+    # what a feature keeps for it, a record that feature owns: chapter 12b's LogitsState
+    processing: Any = None
     kv_transfer_params: dict | None = None  # whose KV blocks travel between engines
 
     def __post_init__(self):

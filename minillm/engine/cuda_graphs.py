@@ -11,7 +11,7 @@ import torch
 from ..attention.input_batch import FlatBatch
 from ..attention.paged import AttentionMetadata, PagedAttention
 from ..core.kv_cache import PagedKVCache
-from ..utils import cdiv
+from ..core.kv_cache_config import KVCacheConfig
 from .assembly import load_attention_backend
 
 
@@ -33,13 +33,20 @@ class CUDAGraphDecoder:
         device = cache.k.device
         self.model, self.cache, self.capture = model, cache, capture
         self.batch_sizes = graph_batch_sizes(max_batch)
-        max_blocks = cdiv(max_model_len, cache.block_size)
         i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.long, device=device)
         self.context_lens = torch.zeros(max_batch, **i32)
-        self.block_tables = torch.zeros(max_batch, max_blocks, **i32)
+        kv_config = KVCacheConfig(model.config, cache.block_size, cache.dtype)
+        self.kv = kv_config.graph_inputs(max_batch, max_model_len, device)
+        if kv_config.hybrid or kv_config.state_layers:
+            raise ValueError(
+                f"CUDA graphs read one KV cache group's block tables and no recurrent states; "
+                f"{model.config.architecture} needs {len(kv_config.groups)} groups and "
+                f"{kv_config.state_layers} layers' states: run it eagerly"
+            )
+        self.block_tables = self.kv.block_tables[0]
         self.cu_seqlens_q = torch.arange(max_batch + 1, **i32)
         self.logits_buffer = torch.empty(
             max_batch, model.config.vocab_size, dtype=torch.float32, device=device

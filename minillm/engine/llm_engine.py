@@ -39,7 +39,7 @@ from ..detokenizer import TextStream
 from ..metrics import RequestLatency
 from ..models.decoder import config_from_hf
 from ..sampling import SamplingParams, SamplingTensors, check_text, make_generator
-from .assembly import hybrid_kv_cache, make_block_manager, make_proposer
+from .assembly import make_proposer
 from .config import EngineConfig, EngineDeadError
 from .worker import create_model_runner
 
@@ -108,13 +108,15 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
     "The output of `req` at this step: its deltas, and everything else once it has finished."
     done = req.finished
     first = req.num_output_tokens == len(delta_ids)  # its first output (which echo needs)
+    state = req.processing  # chapter 12b's LogitsState, where its logits are processed
+    logprobs = state.logprobs if state else []
     completion = CompletionOutput(
         0,
         req.stream.text if done else "",
         req.output_ids if done else [],
         req.finish_reason,
         req.stream.stop_reason,
-        req.logprobs if done and req.params.logprobs is not None else None,
+        logprobs if done and req.params.logprobs is not None else None,
     )
     return RequestOutput(
         req.request_id,
@@ -131,8 +133,8 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
         req.prompt_len,
         req.num_draft_tokens,
         req.num_accepted_tokens,
-        req.logprobs[len(req.logprobs) - len(delta_ids) :] if req.logprobs else [],
-        req.prompt_logprobs,
+        logprobs[len(logprobs) - len(delta_ids) :] if logprobs else [],
+        state.prompt_logprobs if state else None,
         req.first_scheduled_time,
         req.num_preemptions,
         first,
@@ -198,8 +200,7 @@ class LLMEngine:
         )
         if mcfg.state_layers:  # a state holds a whole prefix, no block of it
             self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
-        self.block_manager = make_block_manager(
-            mcfg,
+        self.block_manager = self.runner.kv_config.make_manager(
             self.runner.cache,
             self.runner.states,
             self.config.enable_prefix_caching,
@@ -225,7 +226,7 @@ class LLMEngine:
         if cfg.kv_role is not None:  # prefill here and decode there, or the reverse
             from minillm.engine.kv_transfer import make_kv_connector
 
-            if hybrid_kv_cache(mcfg):
+            if self.runner.kv_config.hybrid:
                 raise ValueError(
                     "kv_role: KV transfer (chapter 14) moves one block table per request; "
                     f"{mcfg.architecture} keeps one per KV cache group (chapter 15)"
@@ -422,11 +423,14 @@ class LLMEngine:
     def _keep(self, req: Request, kept: list[int]):
         """Chapter 12b: keep the logprobs of the tokens kept, and move the request's grammar past
         them."""
-        if req.new_logprobs:
-            req.logprobs += req.new_logprobs[: len(kept)]
-            req.new_logprobs = []
-        if req.grammar is not None:
-            req.grammar.accept(kept)
+        state = req.processing
+        if state is None:
+            return
+        if state.new_logprobs:
+            state.logprobs += state.new_logprobs[: len(kept)]
+            state.new_logprobs = []
+        if state.grammar is not None:
+            state.grammar.accept(kept)
 
     def _emit(self, req: Request, tokens: list[int], delta: str) -> RequestOutput:
         "The request's output of this step, its new tokens added; finish it if it is done."

@@ -5,6 +5,7 @@
 # %% auto #0
 __all__ = [
     "TokenLogprobs",
+    "LogitsState",
     "token_logprobs",
     "token_counts",
     "apply_penalties",
@@ -12,7 +13,7 @@ __all__ = [
     "PenaltyCounts",
     "process_logits",
     "record_prompt_logprobs",
-    "sample_processed",
+    "processed_logits",
     "record_logprobs",
     "prepare_request",
     "bad_words_ids",
@@ -20,13 +21,14 @@ __all__ = [
 
 # %% ../../nbs/12b_openai_api.ipynb #f58e8506
 import math
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
 from ..attention.input_batch import SampleRows
 from ..core.request import Request
-from ..sampling import SamplingTensors, sample
+from ..sampling import SamplingParams
 
 
 class TokenLogprobs(NamedTuple):
@@ -36,6 +38,21 @@ class TokenLogprobs(NamedTuple):
     logprob: float
     rank: int  # 1 = the most likely token
     top: list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass
+class LogitsState:
+    """What a request's logits processing keeps from step to step, the record this chapter attaches
+    to a request that asks for it (`Request.processing`, made by `prepare_request`): its bad words
+    as token ids, its grammar's matcher, its tokens counted for penalties, and its logprobs: the
+    prompt's, the output's so far, and this step's new tokens' (kept once the engine keeps them)."""
+
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    grammar: Any = None  # structured outputs: its matcher
+    penalty_counts: Any = None  # a PenaltyCounts, made on first use
+    prompt_logprobs: list | None = None  # per prompt token (None for the first), when asked
+    logprobs: list = field(default_factory=list)  # per output token, when asked
+    new_logprobs: list = field(default_factory=list)  # the sampler's, of this step's new tokens
 
 
 def token_logprobs(
@@ -92,13 +109,16 @@ def apply_penalties(
 
 
 # %% ../../nbs/12b_openai_api.ipynb #a1719ea7
-def banned_tokens(req: Request, history: list[int]) -> list[int]:
-    """The tokens `req` may not produce after its output `history`: EOS and its stop tokens before
-    min_tokens, and the last token of each bad word whose other tokens `history` ends with."""
+def banned_tokens(
+    params: SamplingParams, eos: set[int], bad_words_ids: list[list[int]], history: list[int]
+) -> list[int]:
+    """The tokens a request may not produce after its output `history`: its EOS tokens and stop
+    tokens before min_tokens, and the last token of each bad word whose other tokens `history`
+    ends with."""
     banned = []
-    if len(history) < req.params.min_tokens:
-        banned += req.params.stop_token_ids + sorted(req.stream.eos)
-    for word in req.bad_words_ids:
+    if len(history) < params.min_tokens:
+        banned += params.stop_token_ids + sorted(eos)
+    for word in bad_words_ids:
         if len(word) == 1 or history[len(history) - len(word) + 1 :] == word[:-1]:
             banned.append(word[-1])
     return banned
@@ -117,9 +137,10 @@ class PenaltyCounts:
     @classmethod
     def of(cls, req: Request, vocab_size: int, device) -> "PenaltyCounts":
         "The request's counts, brought up to date with its output (made on first use)."
-        if req.penalty_counts is None:
-            req.penalty_counts = cls(req, vocab_size, device)
-        counts = req.penalty_counts
+        state = req.processing
+        if state.penalty_counts is None:
+            state.penalty_counts = cls(req, vocab_size, device)
+        counts = state.penalty_counts
         new = req.token_ids[req.prompt_len + counts.counted :]
         if new:
             ids = torch.tensor(new, device=device)
@@ -136,8 +157,10 @@ def process_logits(
     One indexed write per kind, for all rows."""
     rows, cols = [], []
     for i, (req, row_drafts) in enumerate(zip(owners, drafts)):
-        if req.bad_words_ids or req.params.min_tokens:  # the only bans that read the history
-            banned = banned_tokens(req, req.output_ids + row_drafts)
+        if req.params.bad_words or req.params.min_tokens:  # the only bans that read the history
+            history = req.output_ids + row_drafts
+            bad = req.processing.bad_words_ids
+            banned = banned_tokens(req.params, req.stream.eos, bad, history)
             rows += [i] * len(banned)
             cols += banned
     if rows:
@@ -180,15 +203,17 @@ def _penalise(logits: torch.Tensor, owners: list[Request], drafts: list[list[int
 # %% ../../nbs/12b_openai_api.ipynb #df7d2be5
 def record_prompt_logprobs(
     logits: torch.Tensor,
-    starts: list[int],
+    sampled: SampleRows,
     requests: list[Request],
-    num_tokens: list[int],
+    num_logits: list[int],
     chunk: int = 256,
 ):
     """Fill `prompt_logprobs` for the prompt tokens whose predecessors this step computed: position
-    p's logits (row starts[i] + p - first) give token p + 1's. Raw logits, as vLLM reports them,
-    divided by the request's prompt_logprobs_temperature (1 unless set)."""
-    for req, start, n in zip(requests, starts, num_tokens):
+    p's logits (row `sampled.starts[i]` + p - first) give token p + 1's; `num_logits[i]`: the rows
+    of requests[i], its draft tokens' included. Raw logits, as vLLM reports them, divided by the
+    request's prompt_logprobs_temperature (1 unless set)."""
+    for req, start, n in zip(requests, sampled.starts, num_logits):
+        n -= len(req.spec_token_ids)
         if not req.needs_prompt_logits:
             continue
         first = req.num_computed_tokens
@@ -200,49 +225,29 @@ def record_prompt_logprobs(
             targets = req.token_ids[first + j + 1 : first + j + 1 + size]
             target = torch.tensor(targets, device=logits.device)
             entries = token_logprobs(lp, target, [req.params.prompt_logprobs] * size)
-            req.prompt_logprobs[first + j + 1 : first + j + 1 + size] = entries
+            req.processing.prompt_logprobs[first + j + 1 : first + j + 1 + size] = entries
 
 
 # %% ../../nbs/12b_openai_api.ipynb #488f30a0
-def sample_processed(
-    logits: torch.Tensor,
-    num_logits: list[int],
-    requests: list[Request],
-    sampled: SampleRows,
-    default_generator: torch.Generator | None = None,
-) -> list[list[int]]:
-    """The new tokens of each sampling request (`sampled`'s), with what chapter 12b adds: prompt
-    logprobs, the grammar's mask, logprobs, bans, biases and penalties; then drawn (or verified
-    against drafts, chapter 12) as usual. `num_logits`: rows of `logits` per request."""
-    num_tokens = [n - len(r.spec_token_ids) for r, n in zip(requests, num_logits)]
-    record_prompt_logprobs(logits, sampled.starts, requests, num_tokens)
-    reqs = sampled.requests
-    if not reqs:
-        return []
-    logits = logits[sampled.picked].float()
-    if any(r.grammar is not None for r in reqs):
+def processed_logits(
+    logits: torch.Tensor, sampled: SampleRows
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sampling rows' logits (`logits[picked]` of `sampled`) as the sampler draws from them, in
+    float32: the grammar's mask, then bans, biases and penalties; and, when a request asks for
+    logprobs, the log-softmax before all but the mask (vLLM's), else None."""
+    logits, reqs, raw = logits.float(), sampled.requests, None
+    if any(r.params.guided_decoding is not None for r in reqs):
         from minillm.engine.structured_output import apply_grammars
 
         apply_grammars(logits, sampled)
-    raw = None
     if any(r.params.logprobs is not None for r in reqs):
-        raw = logits.log_softmax(-1)  # before bans, biases, penalties and temperature (vLLM's)
-    logits = process_logits(logits, sampled.owners(), sampled.drafts())
-    if any(r.spec_token_ids for r in reqs):
-        from minillm.engine.assembly import verify_drafts
-
-        tokens = verify_drafts(logits, sampled, default_generator)
-    else:
-        st = SamplingTensors.from_params([r.params for r in reqs], logits.shape[-1], logits.device)
-        drawn = sample(logits, st, [r.generator for r in reqs], default_generator)
-        tokens = [[t] for t in drawn.tolist()]
-    if raw is not None:
-        record_logprobs(raw, sampled, tokens)
-    return tokens
+        raw = logits.log_softmax(-1)  # before bans, biases, penalties and temperature
+    return process_logits(logits, sampled.owners(), sampled.drafts()), raw
 
 
 def record_logprobs(raw: torch.Tensor, sampled: SampleRows, tokens: list[list[int]]):
-    "Set `new_logprobs` of each request that asks: token j of its new tokens from its row j."
+    """Set `new_logprobs` (of its `LogitsState`) of each request that asks: token j of its new
+    tokens from its row j."""
     index, ids, nums, listed = [], [], [], []
     reqs = sampled.requests
     for req, span, new in zip(reqs, sampled.spans, tokens):
@@ -255,13 +260,14 @@ def record_logprobs(raw: torch.Tensor, sampled: SampleRows, tokens: list[list[in
     entries = token_logprobs(raw[index], chosen, nums, listed)
     for req, new in zip(reqs, tokens):
         if req.params.logprobs is not None:
-            req.new_logprobs, entries = entries[: len(new)], entries[len(new) :]
+            req.processing.new_logprobs, entries = entries[: len(new)], entries[len(new) :]
 
 
 # %% ../../nbs/12b_openai_api.ipynb #c05c99ae
 def prepare_request(req: Request, tokenizer, vocab_size: int, structured_outputs):
     """Check and precompute, once per request, what its logits processing needs: logit_bias ids in
-    the vocabulary, bad words as token ids, its grammar's matcher, its prompt logprobs list."""
+    the vocabulary; then its `LogitsState`: bad words as token ids, its grammar's matcher, its
+    prompt logprobs list."""
     p = req.params
     bad = [t for t in p.logit_bias if t >= vocab_size]
     outside = [t for t in p.logprob_token_ids if t >= vocab_size][:5]
@@ -272,16 +278,16 @@ def prepare_request(req: Request, tokenizer, vocab_size: int, structured_outputs
         raise ValueError(
             f"logit_bias has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
         )
-    req.bad_words_ids = bad_words_ids(p.bad_words, tokenizer)
+    req.processing = state = LogitsState(bad_words_ids(p.bad_words, tokenizer))
     if p.prompt_logprobs is not None:
-        req.prompt_logprobs = [None] * req.prompt_len
+        state.prompt_logprobs = [None] * req.prompt_len
     if p.guided_decoding is not None:
         if p.min_tokens or p.ignore_eos or p.bad_words:
             raise ValueError(
                 "guided decoding decides where the output ends and which tokens it holds; "
                 "it cannot be combined with min_tokens, ignore_eos or bad_words"
             )
-        req.grammar = structured_outputs.grammar(p.guided_decoding)
+        state.grammar = structured_outputs.grammar(p.guided_decoding)
 
 
 def bad_words_ids(words: list[str], tokenizer) -> list[list[int]]:

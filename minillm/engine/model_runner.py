@@ -20,24 +20,21 @@ from torch.profiler import record_function
 from minillm.engine.assembly import (
     check_gpu_launches,
     cpu_decoder,
-    hybrid_kv_cache,
-    kv_block_bytes,
     load_attention_backend,
-    make_kv_cache,
-    make_state_pool,
     pack_cpu_weights,
     resolve_attention_backend,
-    verify_drafts,
 )
 
-from ..attention.input_batch import FlatBatch, SampleRows, build_flat_batch
+from ..attention.input_batch import FlatBatch, build_flat_batch
 from ..attention.paged import AttentionBackend, PagedAttention
 from ..core.block_manager import Sequence
 from ..core.kv_cache import PagedKVCache
+from ..core.kv_cache_config import KVCacheConfig
 from ..core.scheduler import SchedulerOutput
 from ..models.decoder import CausalLM
 from ..sampling import SamplingParams, SamplingTensors, sample
 from ..utils import cdiv
+from .sampler import Sampler
 
 logger = logging.getLogger("minillm")
 
@@ -84,7 +81,7 @@ def num_kv_blocks_for_memory(
             available = free - 256 * 2**20
     else:
         available = kv_cache_memory_gb * 2**30
-    block = kv_block_bytes(cfg, block_size, dtype, kv_cache_dtype) + extra_block_bytes
+    block = KVCacheConfig(cfg, block_size, dtype, kv_cache_dtype).block_bytes + extra_block_bytes
     blocks = int(available // block)
     if blocks < 1:
         raise RuntimeError(
@@ -118,7 +115,7 @@ def profile_run(
         first += blocks
     cache = PagedKVCache.for_model(model.config, first, block_size, dtype, device)
     batch = build_flat_batch(seqs, lengths, block_size, device)
-    pool = make_state_pool(model.config, len(seqs), dtype, device)
+    pool = KVCacheConfig(model.config, block_size, dtype).make_states(len(seqs), device)
     attention = PagedAttention(cache, batch.metadata, backend, states=pool and pool.batch(batch))
     hidden = model(batch.input_ids, batch.positions, attention)
     rows = min(max_num_seqs, len(hidden))
@@ -153,8 +150,7 @@ class ModelRunner:
 
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
-        # the noise of requests without a seed
-        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.sampler = Sampler(self.device, seed)
         self.attention_backend = resolve_attention_backend(
             attention_backend, self.device, model.config.head_dim, kv_cache_dtype
         )
@@ -167,25 +163,35 @@ class ModelRunner:
             pack_cpu_weights(model)
         if self.attention_backend == "triton" and self.device.type == "cuda":
             check_gpu_launches(model, self.dtype, block_size, self.device)
-        self.cache = make_kv_cache(
-            model.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
-        )
-        self.states = make_state_pool(model.config, max_num_seqs, self.dtype, self.device)
+        self.kv_config = KVCacheConfig(model.config, block_size, self.dtype, kv_cache_dtype)
+        self.cache = self.kv_config.make_pool(num_blocks, self.device)
+        self.states = self.kv_config.make_states(max_num_seqs, self.device)
         self.graphs = None
         on_gpu = self.device.type == "cuda" and self.attention_backend == "triton"
-        # a graph's block tables are one group's, and it knows no recurrent states: chapter 15's
-        # hybrid pools and 15b's states run eagerly, as do models that say so
-        eager = hybrid_kv_cache(model.config) or self.states is not None or not model.cuda_graphs
-        if cuda_graph_max_batch and on_gpu and not eager:
-            # decode steps replayed from captured graphs
-            from minillm.engine.cuda_graphs import CUDAGraphDecoder
+        if cuda_graph_max_batch and on_gpu:
+            self._capture_graphs(cuda_graph_max_batch, max_model_len)
 
-            self.graphs = CUDAGraphDecoder(
-                model,
-                self.cache,
-                cuda_graph_max_batch,
-                max_model_len or model.config.max_position_embeddings,
-            )
+    def _capture_graphs(self, max_batch: int, max_model_len: int | None):
+        "Decode steps replayed from captured graphs (chapter 8c), where they can serve this model."
+        cfg = self.model.config
+        refused = self.graphs_refused()
+        if refused:
+            logger.info("CUDA graphs: not for %s: %s; it runs eagerly", cfg.architecture, refused)
+            return
+        from minillm.engine.cuda_graphs import CUDAGraphDecoder
+
+        max_len = max_model_len or cfg.max_position_embeddings
+        self.graphs = CUDAGraphDecoder(self.model, self.cache, max_batch, max_len)
+
+    def graphs_refused(self) -> str | None:
+        "Why captured graphs cannot serve this model's decode steps (None: they can)."
+        if self.kv_config.hybrid:
+            return "its layers' windows differ (a graph reads one KV cache group's block tables)"
+        if self.states is not None:
+            return "its recurrent layers' states (a graph reads no state slots yet)"
+        if not self.model.cuda_graphs:
+            return "it says so (`cuda_graphs = False`: its step sizes work on the host)"
+        return None
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
@@ -208,25 +214,9 @@ class ModelRunner:
         result = [[] for _ in out.requests]
         if rows or any(prompt_logits):
             with record_function("minillm::sample"):
-                sampled = SampleRows.of(out.requests, rows, batch.num_logits)
-                if any(r.params.processes_logits for r in out.requests):
-                    # logprobs, penalties, biases, structured outputs
-                    from minillm.engine.logits_processor import sample_processed
-
-                    args = batch.num_logits, out.requests, sampled, self.generator
-                    tokens = sample_processed(logits, *args)
-                elif any(r.spec_token_ids for r in out.requests):
-                    tokens = verify_drafts(logits[sampled.picked], sampled, self.generator)
-                else:
-                    reqs = sampled.requests
-                    params = [r.params for r in reqs]
-                    vocab = self.model.config.vocab_size
-                    st = SamplingTensors.from_params(params, vocab, self.device)
-                    generators = [r.generator for r in reqs]
-                    drawn = sample(logits[sampled.picked], st, generators, self.generator)
-                    tokens = [[t] for t in drawn.tolist()]
-            for i, t in zip(rows, tokens):
-                result[i] = t
+                sampled = self.sampler(logits, out.requests, batch.num_logits, rows)
+            for i, tokens in zip(rows, sampled.tolist()):  # the step's one read back
+                result[i] = tokens
         if self.states is not None:  # the step is done, its new states are kept
             self.states.commit()
         return result

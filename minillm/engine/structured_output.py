@@ -158,8 +158,9 @@ def apply_grammars(logits: torch.Tensor, sampled: SampleRows):
     bitmask = xgr.allocate_token_bitmask(len(logits), logits.shape[-1])
     rows = []
     for req, span in zip(sampled.requests, sampled.spans):
-        if req.grammar is not None:
-            filled = req.grammar.fill_bitmask(bitmask, span.start, req.spec_token_ids)
+        grammar = req.processing and req.processing.grammar
+        if grammar is not None:
+            filled = grammar.fill_bitmask(bitmask, span.start, req.spec_token_ids)
             rows += span[:filled]
     if rows:
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)

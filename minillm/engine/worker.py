@@ -11,12 +11,9 @@ import math
 import torch
 
 from minillm.engine.assembly import (
-    hybrid_kv_cache,
-    kv_block_bytes,
     load_attention_backend,
     load_quantized,
     resolve_attention_backend,
-    state_bytes,
 )
 from minillm.engine.model_runner import (
     ModelRunner,
@@ -25,6 +22,7 @@ from minillm.engine.model_runner import (
     profile_run,
 )
 
+from ..core.kv_cache_config import KVCacheConfig
 from ..loader import read_config, resolve_model_path
 from ..models.decoder import config_from_hf, load_model
 from .config import EngineConfig
@@ -45,13 +43,14 @@ def draft_model_budget(cfg: EngineConfig, dtype) -> tuple[int, int]:
         with safe_open(file, "pt") as f:
             numel += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
     draft = config_from_hf(read_config(path))
-    if hybrid_kv_cache(draft):  # its pool would be one group's: not built for drafts
+    kv_config = KVCacheConfig(draft, cfg.block_size, dtype)
+    if kv_config.hybrid:  # its pool would be one group's: not built for drafts
         raise ValueError(
             f"speculative_config model: {draft.architecture}'s layers keep different spans of "
             "the past (chapter 15); a draft model is one of chapter 2's Llama family"
         )
     element = torch.empty((), dtype=dtype).element_size()
-    return numel * element, kv_block_bytes(draft, cfg.block_size, dtype)
+    return numel * element, kv_config.block_bytes
 
 
 def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) -> int:
@@ -62,7 +61,8 @@ def size_kv_pool(model, cfg: EngineConfig, max_model_len: int, baseline=None) ->
     mcfg = model.config
     draft_weights, draft_block = draft_model_budget(cfg, dtype)
     extra = draft_weights if device.type == "cuda" else 0  # on CPU the budget is the KV's alone
-    states = cfg.max_num_seqs * state_bytes(mcfg, dtype)  # part of the KV budget
+    # part of the KV budget
+    states = cfg.max_num_seqs * KVCacheConfig(mcfg, cfg.block_size, dtype).state_bytes
     if device.type == "cpu" and states >= cfg.kv_cache_memory_gb * 2**30:
         raise ValueError(
             f"max_num_seqs={cfg.max_num_seqs} slots of recurrent states take "

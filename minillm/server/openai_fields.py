@@ -90,10 +90,10 @@ def guided_decoding_of(body, tool_mode: str) -> GuidedDecodingParams | None:
     guides = []
     if getattr(body, "response_format", None):
         guides.append(("response_format", response_format_guide(body.response_format)))
-    for field in ("json", "regex", "choice", "grammar"):
-        value = getattr(body, "guided_" + field)
+    for kind in ("json", "regex", "choice", "grammar"):
+        value = getattr(body, "guided_" + kind)
         if value is not None:
-            guides.append(("guided_" + field, GuidedDecodingParams(**{field: value})))
+            guides.append(("guided_" + kind, GuidedDecodingParams(**{kind: value})))
     if body.structured_outputs is not None:
         guides.append(("structured_outputs", structured_outputs_guide(body.structured_outputs)))
     tools = getattr(body, "tools", None) or []

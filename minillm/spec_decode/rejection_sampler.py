@@ -41,22 +41,30 @@ def rejection_sample(probs: torch.Tensor, drafts: list[int], generator=None) -> 
 # %% ../../nbs/12_speculative_decoding.ipynb #0a0e3d2d
 def verify_drafts(
     logits: torch.Tensor, sampled: SampleRows, default_generator=None
-) -> list[list[int]]:
+) -> torch.Tensor:
     """The new tokens of each sampling request from its rows of the step's logits (`logits[picked]`
-    of `sampled`): k + 1 rows for a request with k drafts (its `spec_token_ids`), one otherwise."""
+    of `sampled`): k + 1 rows for a request with k drafts (its `spec_token_ids`), one otherwise.
+    Row i: request i's accepted drafts and the token after them, then -1s (`SamplerOutput`'s
+    layout, chapter 7a). Greedy requests are checked all at once on the device; sampled ones one
+    at a time."""
+    reqs, spans, device = sampled.requests, sampled.spans, logits.device
+    width = max(map(len, spans))
+    rows = [[s.start + min(j, len(s) - 1) for j in range(width)] for s in spans]
+    drafts = [r.spec_token_ids + [-1] * (width - 1 - len(r.spec_token_ids)) for r in reqs]
+    target = logits.argmax(-1)[torch.tensor(rows, device=device)]  # [requests, width]
+    # greedy_accept for every request at once: drafts kept while they match the target, whose
+    # next token follows; -1 (padding) matches no token
+    match = target[:, :-1] == torch.tensor(drafts, device=device).view(len(reqs), width - 1)
+    accepted = match.long().cumprod(-1).sum(-1, keepdim=True)
+    tokens = torch.where(torch.arange(width, device=device) <= accepted, target, -1)
     params = [r.params for r in sampled.owners()]
-    st = SamplingTensors.from_params(params, logits.shape[-1], logits.device)
-    argmax = logits.argmax(-1).tolist()
-    probs = None
+    st = SamplingTensors.from_params(params, logits.shape[-1], device)
     if not st.all_greedy:
         probs = sampling_probs(logits, st)
         probs = probs / probs.sum(-1, keepdim=True)
-    tokens = []
-    for req, span in zip(sampled.requests, sampled.spans):
-        rows = slice(span.start, span.stop)
-        if req.params.greedy:
-            tokens.append(greedy_accept(argmax[rows], req.spec_token_ids))
-        else:
-            generator = req.generator or default_generator
-            tokens.append(rejection_sample(probs[rows], req.spec_token_ids, generator))
+        for i, (req, span) in enumerate(zip(reqs, spans)):
+            if not req.params.greedy:
+                generator = req.generator or default_generator
+                new = rejection_sample(probs[span.start : span.stop], req.spec_token_ids, generator)
+                tokens[i] = torch.tensor(new + [-1] * (width - len(new)), device=device)
     return tokens

@@ -7,7 +7,6 @@ __all__ = ["VOCAB", "GRAMMARS", "check_penalties", "check_banned", "check_fill_b
 
 # %% ../../../nbs/12b_openai_api.ipynb #34e4a8e3
 import random
-from types import SimpleNamespace
 
 import torch
 
@@ -50,8 +49,7 @@ def check_penalties(fn):
 
 
 def _banned_of(history, words):
-    req = SimpleNamespace(params=SamplingParams(), bad_words_ids=words, stream=None)
-    return sorted(banned_tokens(req, history))
+    return sorted(banned_tokens(SamplingParams(), set(), words, history))
 
 
 @exercise("12b", "my_banned(history, words)")
