@@ -26,10 +26,12 @@ from pathlib import Path
 
 from minillm.loader import (
     DEFAULT_GGUF_FILE,
+    HUB_ID,
     eos_token_ids,
     load_tokenizer,
     read_config,
     resolve_model_path,
+    resolve_tokenizer_path,
 )
 
 from ..core.request import Request
@@ -144,6 +146,8 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
 # %% ../../nbs/07b_engine.ipynb #b17dba42
 def model_name(model: str | None) -> str:
     "The name a model is served under: 'SmolLM2-135M-Instruct' for the default model."
+    if model and HUB_ID.fullmatch(model) and not Path(model).expanduser().exists():
+        return model  # a hub id, as vLLM serves it: 'Qwen/Qwen3-0.6B'
     path = Path(model or DEFAULT_GGUF_FILE)
     if path.suffix != ".gguf":
         return path.name
@@ -171,9 +175,13 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = cfg = (config or EngineConfig(**kwargs)).resolved()
-        self.model_path = resolve_model_path(cfg.model)
+        weights = cfg.load_format != "dummy"  # dummy weights need the config and tokenizer alone
+        self.model_path = resolve_model_path(cfg.model, cfg.revision, cfg.download_dir, weights)
         self.model_name = model_name(cfg.model)
-        self.tokenizer = load_tokenizer(self.model_path)
+        tokenizer_path = self.model_path
+        if cfg.tokenizer is not None:
+            tokenizer_path = resolve_tokenizer_path(cfg.tokenizer, cfg.download_dir)
+        self.tokenizer = load_tokenizer(tokenizer_path)
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
         mcfg = config_from_hf(read_config(self.model_path))
         if mcfg.state_layers:  # what recurrent states cannot do, before loading
