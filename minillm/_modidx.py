@@ -389,6 +389,8 @@ d = {
             ),
         },
         "minillm.cli": {
+            "minillm.cli.RefusedFlag": ("cli.html#refusedflag", "minillm/cli.py"),
+            "minillm.cli.RefusedFlag.__call__": ("cli.html#refusedflag.__call__", "minillm/cli.py"),
             "minillm.cli._bench_latency_command": (
                 "cli.html#_bench_latency_command",
                 "minillm/cli.py",
@@ -1813,6 +1815,10 @@ d = {
                 "engine.html#llmengine.add_request",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.LLMEngine.default_sampling_params": (
+                "engine.html#llmengine.default_sampling_params",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.LLMEngine.enqueue": (
                 "engine.html#llmengine.enqueue",
                 "minillm/engine/llm_engine.py",
@@ -1859,6 +1865,10 @@ d = {
             ),
             "minillm.engine.llm_engine.request_output": (
                 "engine.html#request_output",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.sampling_defaults": (
+                "engine.html#sampling_defaults",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.stop_all": (
@@ -2400,6 +2410,10 @@ d = {
             "minillm.llm.LLM.chat": ("engine.html#llm.chat", "minillm/llm.py"),
             "minillm.llm.LLM.config": ("engine.html#llm.config", "minillm/llm.py"),
             "minillm.llm.LLM.generate": ("engine.html#llm.generate", "minillm/llm.py"),
+            "minillm.llm.LLM.get_default_sampling_params": (
+                "engine.html#llm.get_default_sampling_params",
+                "minillm/llm.py",
+            ),
             "minillm.llm.LLM.model_path": ("engine.html#llm.model_path", "minillm/llm.py"),
             "minillm.llm.LLM.shutdown": ("engine.html#llm.shutdown", "minillm/llm.py"),
             "minillm.llm.LLM.tokenizer": ("engine.html#llm.tokenizer", "minillm/llm.py"),
@@ -2438,6 +2452,10 @@ d = {
             "minillm.loader.encode_chat": ("loader.html#encode_chat", "minillm/loader.py"),
             "minillm.loader.eos_token_ids": ("loader.html#eos_token_ids", "minillm/loader.py"),
             "minillm.loader.gemma_gguf_path": ("loader.html#gemma_gguf_path", "minillm/loader.py"),
+            "minillm.loader.generation_defaults": (
+                "loader.html#generation_defaults",
+                "minillm/loader.py",
+            ),
             "minillm.loader.gguf_to_hf_dir": ("loader.html#gguf_to_hf_dir", "minillm/loader.py"),
             "minillm.loader.hub_snapshot": ("loader.html#hub_snapshot", "minillm/loader.py"),
             "minillm.loader.load_hf_model": ("loader.html#load_hf_model", "minillm/loader.py"),
@@ -4276,6 +4294,10 @@ d = {
             ),
             "minillm.server.serving.ServerContext.rendered": (
                 "serving.html#servercontext.rendered",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.sampling_params": (
+                "serving.html#servercontext.sampling_params",
                 "minillm/server/serving.py",
             ),
             "minillm.server.serving.ServerContext.serve_request": (

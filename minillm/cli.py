@@ -5,9 +5,11 @@
 # %% auto #0
 __all__ = [
     "ENGINE_FLAGS",
+    "LORA_FLAGS",
     "BENCH_COMMANDS",
     "json_object",
     "add_engine_flags",
+    "RefusedFlag",
     "engine_kwargs",
     "engine_argv",
     "add_sampling_flags",
@@ -64,6 +66,12 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
     "--revision": ("revision", str, "a hub id's branch, tag or commit"),
     "--download-dir": ("download_dir", str, "where hub downloads go (default: the hub cache)"),
     "--tokenizer": ("tokenizer", str, "a tokenizer directory or hub id (default: the model's)"),
+    "--generation-config": (
+        "generation_config",
+        str,
+        "sampling defaults: auto (the model's generation_config.json), vllm (none), or a "
+        "directory with a generation_config.json",
+    ),
     "--dtype": ("dtype", str, "auto, float32, float16 or bfloat16"),
     "--quantization": (
         "quantization",
@@ -132,6 +140,18 @@ def add_engine_flags(p: argparse.ArgumentParser):
     p.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps"
     )
+    for flag in LORA_FLAGS:  # vLLM's, refused by name rather than "unrecognized"
+        p.add_argument(flag, nargs="*", action=RefusedFlag, help=argparse.SUPPRESS)
+
+
+LORA_FLAGS = ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank")
+
+
+class RefusedFlag(argparse.Action):
+    "A vLLM flag for what minillm does not do: an error that names it and says so."
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: minillm serves no LoRA adapters, only the base model")
 
 
 def engine_kwargs(args) -> dict:

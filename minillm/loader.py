@@ -14,6 +14,7 @@ __all__ = [
     "WEIGHT_FILES",
     "DUMMY_SEED",
     "LOAD_FORMATS",
+    "GENERATION_DEFAULTS",
     "ModelLoadError",
     "cache_dir",
     "default_gguf_path",
@@ -32,6 +33,7 @@ __all__ = [
     "checkpoint_state",
     "encode_chat",
     "eos_token_ids",
+    "generation_defaults",
 ]
 
 # %% ../nbs/01a_loader.ipynb #60b12b1e
@@ -211,6 +213,14 @@ def read_config(model_dir: Path) -> dict:
         raise ModelLoadError(
             f"{model_dir}: architecture {archs or 'unknown'} is not supported; "
             f"minillm supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method is not None:
+        raise ModelLoadError(
+            f"{model_dir}: a pre-quantized checkpoint (quantization_config.quant_method "
+            f"{method!r}) is not supported; minillm loads float checkpoints (float32, bfloat16, "
+            "float16) and quantizes them on load (quantization='int8' or 'int4'), or serves a "
+            ".gguf file's own blocks (quantization='gguf')"
         )
     return config
 
@@ -456,3 +466,21 @@ def eos_token_ids(model_dir: Path, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)
+
+
+# the sampling fields a generation config may set, under SamplingParams' names (vLLM's list)
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(model_dir: Path) -> dict:
+    """The sampling defaults a model's authors chose, from its `generation_config.json` (vLLM's
+    `--generation-config auto`): each of `GENERATION_DEFAULTS` it sets. A request's own values
+    win over them."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e})") from e
+    return {k: config[k] for k in GENERATION_DEFAULTS if config.get(k) is not None}

@@ -317,3 +317,41 @@ def test_a_hub_id_downloads_only_what_the_engine_reads(hub_cache, tmp_path):
         assert "revision 'v9'" in error and "no such revision" in error
     finally:
         hub.close()
+
+
+def test_generation_config_gives_the_defaults_a_request_leaves_unset(tmp_path):
+    "vLLM's --generation-config auto: the model's sampling defaults; a request's own values win."
+    from minillm.server.protocol import CompletionRequest, ServerLimits
+
+    path = config_dir(tmp_path, LLAMA)
+    sampling = dict(temperature=0.0, top_k=20, top_p=0.8, repetition_penalty=1.1)
+    GenerationConfig(eos_token_id=1, pad_token_id=0, do_sample=True, **sampling).save_pretrained(
+        path
+    )
+    llm = LLM(str(path), load_format="dummy", dtype="float32")
+    assert llm.engine.sampling_defaults == sampling
+    params = llm.get_default_sampling_params()
+    assert (params.temperature, params.top_k, params.repetition_penalty) == (0.0, 20, 1.1)
+    out = llm.generate(PROMPTS[:1], use_tqdm=False)[0].outputs[0].token_ids  # the defaults: greedy
+    explicit = SamplingParams(max_tokens=16, **sampling)
+    assert out == llm.generate(PROMPTS[:1], explicit, use_tqdm=False)[0].outputs[0].token_ids
+    body = CompletionRequest(prompt="t5", temperature=0.7)
+    params = body.sampling_params(16, ServerLimits(), llm.engine.sampling_defaults)
+    assert (params.temperature, params.top_k, params.top_p) == (0.7, 20, 0.8)
+    assert params.repetition_penalty == 1.1
+    vllm = LLM(str(path), load_format="dummy", generation_config="vllm")
+    assert vllm.engine.sampling_defaults == {} and vllm.get_default_sampling_params().top_k == -1
+    with pytest.raises(ValueError, match="generation_config='nowhere'"):
+        LLM(str(path), load_format="dummy", generation_config="nowhere")
+
+
+def test_what_minillm_does_not_load_is_refused_by_name(tmp_path):
+    "Pre-quantized checkpoints, LoRA adapters: an error that names them, never a silent load."
+    path = config_dir(tmp_path, LLAMA | {"quantization_config": {"quant_method": "awq", "bits": 4}})
+    with pytest.raises(ModelLoadError, match="pre-quantized checkpoint.*'awq'"):
+        LLM(str(path), load_format="dummy")
+    llm = LLM(str(config_dir(tmp_path / "plain", LLAMA)), load_format="dummy")
+    with pytest.raises(ValueError, match="lora_request: minillm serves no LoRA adapters"):
+        llm.generate(PROMPTS, GREEDY, lora_request=object())
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--enable-lora"])

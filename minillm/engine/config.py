@@ -23,6 +23,9 @@ class EngineConfig:
     revision: str | None = None  # a hub id's branch, tag or commit (default: its main branch)
     download_dir: str | None = None  # where hub downloads go (default: the hub cache)
     tokenizer: str | None = None  # a tokenizer directory or hub id (default: the model's)
+    # sampling defaults: "auto" the model's generation_config.json, "vllm" SamplingParams' own,
+    # or a directory with a generation_config.json
+    generation_config: str = "auto"
     dtype: str = "auto"  # "auto": bfloat16 on CUDA and on CPUs with native bf16, else float32
     device: str = "auto"  # "auto": cuda if available
     max_num_seqs: int = 64  # sequences per iteration at most
