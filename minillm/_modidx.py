@@ -2458,6 +2458,18 @@ d = {
             ),
             "minillm.loader.gguf_to_hf_dir": ("loader.html#gguf_to_hf_dir", "minillm/loader.py"),
             "minillm.loader.hub_snapshot": ("loader.html#hub_snapshot", "minillm/loader.py"),
+            "minillm.loader.language_model_config": (
+                "loader.html#language_model_config",
+                "minillm/loader.py",
+            ),
+            "minillm.loader.language_model_name": (
+                "loader.html#language_model_name",
+                "minillm/loader.py",
+            ),
+            "minillm.loader.language_model_tensors": (
+                "loader.html#language_model_tensors",
+                "minillm/loader.py",
+            ),
             "minillm.loader.load_hf_model": ("loader.html#load_hf_model", "minillm/loader.py"),
             "minillm.loader.load_state_dict": ("loader.html#load_state_dict", "minillm/loader.py"),
             "minillm.loader.load_tokenizer": ("loader.html#load_tokenizer", "minillm/loader.py"),

@@ -9,6 +9,8 @@ __all__ = [
     "DEFAULT_GGUF_PACKAGE",
     "DEFAULT_GGUF_FILE",
     "SHIPPED_MODELS",
+    "LANGUAGE_MODELS",
+    "LANGUAGE_MODEL_PREFIXES",
     "HUB_ID",
     "HUB_FILES",
     "WEIGHT_FILES",
@@ -23,6 +25,9 @@ __all__ = [
     "gguf_to_hf_dir",
     "read_config",
     "resolve_model_path",
+    "language_model_config",
+    "language_model_name",
+    "language_model_tensors",
     "hub_snapshot",
     "resolve_tokenizer_path",
     "load_tokenizer",
@@ -198,12 +203,13 @@ def gguf_to_hf_dir(gguf: Path) -> Path:
 
 # %% ../nbs/01a_loader.ipynb #f432ee83
 def read_config(model_dir: Path) -> dict:
-    "The checked `config.json` of a model directory."
+    """The checked `config.json` of a model directory (a multimodal checkpoint's: its language
+    model's, see `language_model_config`)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir} has no config.json. minillm loads {_SUPPORTED_INPUTS}")
     try:
-        config = json.loads(path.read_text())
+        config = language_model_config(json.loads(path.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(
             f"{path} is not valid JSON ({e}); the model directory is corrupt"
@@ -271,6 +277,48 @@ def _local_model_path(model) -> Path | None:
             )
         path = gguf_to_hf_dir(path)
     return path
+
+
+# %% ../nbs/01a_loader.ipynb #2a326576
+# multimodal checkpoints whose language model minillm serves, and its text architecture
+LANGUAGE_MODELS = {
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+}
+# where their language model's tensors live: transformers 5's layout, Gemma 3's older one
+LANGUAGE_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
+
+
+def language_model_config(config: dict) -> dict:
+    """A multimodal checkpoint's config as its language model's (`text_config`, the text
+    architecture, the checkpoint's tied head, and `language_model_of` naming the checkpoint's
+    architecture); any other config as it is."""
+    arch = next((a for a in config.get("architectures") or [] if a in LANGUAGE_MODELS), None)
+    if arch is None:
+        return config
+    text = dict(config.get("text_config") or {})
+    text["architectures"] = [LANGUAGE_MODELS[arch]]
+    text["tie_word_embeddings"] = config.get(
+        "tie_word_embeddings", text.get("tie_word_embeddings", False)
+    )
+    return text | {"language_model_of": arch}
+
+
+def language_model_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor under a text model's name, or None for the tensors of
+    its other parts (vision tower, projector, multi-token prediction)."""
+    for prefix in LANGUAGE_MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name.removeprefix(prefix)
+    if name.startswith(("lm_head.", "language_model.lm_head.")):
+        return name.removeprefix("language_model.")
+    return None
+
+
+def language_model_tensors(state: dict) -> dict:
+    "A multimodal checkpoint's language model tensors, under a text model's names."
+    named = ((language_model_name(n), t) for n, t in state.items())
+    return {n: t for n, t in named if n is not None}
 
 
 # %% ../nbs/01a_loader.ipynb #236d24dd
@@ -405,7 +453,7 @@ def dummy_state_dict(model_dir: Path, device="cpu", seed: int = DUMMY_SEED) -> d
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     with torch.device("meta"):  # the names and shapes, no memory
         skeleton = AutoModelForCausalLM.from_config(config)
-    tied = getattr(config.get_text_config(), "tie_word_embeddings", False)
+    tied = read_config(model_dir).get("tie_word_embeddings", False)
     state = {}
     for name, t in skeleton.state_dict().items():
         if tied and name == "lm_head.weight":
@@ -432,8 +480,12 @@ def checkpoint_state(model_dir: Path, load_format: str = "auto", device="cpu") -
     "A checkpoint's tensors by name: read from its files, or dummy ones (see `dummy_state_dict`)."
     check_load_format(load_format)
     if load_format == "dummy":
-        return dummy_state_dict(model_dir, device)
-    return load_state_dict(model_dir, device)
+        state = dummy_state_dict(model_dir, device)
+    else:
+        state = load_state_dict(model_dir, device)
+    if "language_model_of" in read_config(model_dir):  # a multimodal checkpoint
+        state = language_model_tensors(state)
+    return state
 
 
 def encode_chat(

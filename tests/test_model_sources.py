@@ -355,3 +355,42 @@ def test_what_minillm_does_not_load_is_refused_by_name(tmp_path):
         llm.generate(PROMPTS, GREEDY, lora_request=object())
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--enable-lora"])
+
+
+def multimodal_dir(path, arch: str) -> tuple:
+    "A tiny random multimodal checkpoint (a vision tower beside the language model) on disk."
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+    )
+
+    torch.manual_seed(0)
+    if arch == "qwen3_5":
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4)
+        vision |= dict(out_hidden_size=64, temporal_patch_size=2, spatial_merge_size=2)
+        text = {k: v for k, v in QWEN3_5.items() if k != "architectures"}
+        model = Qwen3_5ForConditionalGeneration(
+            Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
+        )
+    else:
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+        vision |= dict(num_attention_heads=2, image_size=28, patch_size=14)
+        text = {k: v for k, v in GEMMA3.items() if k != "architectures"}
+        config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+        model = Gemma3ForConditionalGeneration(config)
+    model.eval().save_pretrained(path)
+    GenerationConfig(eos_token_id=1, pad_token_id=0).save_pretrained(path)
+    word_tokenizer(text["vocab_size"]).save_pretrained(path)
+    return path, model
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "gemma3"])
+def test_a_multimodal_checkpoint_serves_its_language_model(arch, tmp_path):
+    "Qwen3.5's and Gemma 3's released form: the language model's greedy tokens, as transformers'."
+    path, hf = multimodal_dir(tmp_path, arch)
+    refs = [hf_greedy(hf, p, GREEDY.max_tokens) for p in PROMPTS]
+    llm = LLM(str(path), dtype="float32", attention_backend="torch")
+    assert llm.engine.model.config.architecture.endswith("ForCausalLM")
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == refs

@@ -29,7 +29,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..loader import ModelLoadError, dummy_state_dict, read_config
+from minillm.loader import (
+    ModelLoadError,
+    checkpoint_state,
+    language_model_name,
+    read_config,
+)
+
 from ..models.decoder import MLP, CausalLM, ModelConfig, load_weights, model_class
 from ..utils import cdiv
 
@@ -120,14 +126,17 @@ def load_state_dict_shard(
     from safetensors import SafetensorError, safe_open
 
     if load_format == "dummy":
-        state = dummy_state_dict(model_dir)
+        state = checkpoint_state(model_dir, load_format)
         return {n: shard_tensor(n, t, cfg, rank, size).to(device) for n, t in state.items()}
-    state = {}
+    state, multimodal = {}, "language_model_of" in read_config(model_dir)
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         try:
             with safe_open(f, "pt", device=str(device)) as fh:
-                for name in fh.keys():
-                    state[name] = shard_tensor(name, fh.get_slice(name), cfg, rank, size)
+                for stored in fh.keys():  # a multimodal checkpoint's language model alone
+                    name = language_model_name(stored) if multimodal else stored
+                    if name is not None:
+                        piece = fh.get_slice(stored)
+                        state[name] = shard_tensor(name, piece, cfg, rank, size)
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(f"Corrupt weights file {f}: {e}") from e
     return state
