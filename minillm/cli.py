@@ -372,6 +372,7 @@ def cmd_bench_throughput(args):
     check_dataset(args.dataset_name)  # before the model loads
     llm = LLM(**engine_kwargs(args))
     result = throughput_benchmark(llm, _random_requests(args, llm.tokenizer))
+    result["model_id"] = llm.engine.model_name
     print_throughput(result)
     if args.output_json:
         write_json(args.output_json, result)
@@ -390,6 +391,7 @@ def cmd_bench_latency(args):
         args.num_iters_warmup,
         args.num_iters,
     )
+    result["model_id"] = llm.engine.model_name
     print_latency(result)
     if args.output_json:
         write_json(args.output_json, result)
