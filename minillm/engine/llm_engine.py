@@ -8,6 +8,7 @@ __all__ = [
     "CompletionOutput",
     "RequestOutput",
     "request_output",
+    "sampling_defaults",
     "model_name",
     "IterationStats",
     "stop_all",
@@ -26,10 +27,13 @@ from pathlib import Path
 
 from minillm.loader import (
     DEFAULT_GGUF_FILE,
+    HUB_ID,
     eos_token_ids,
+    generation_defaults,
     load_tokenizer,
     read_config,
     resolve_model_path,
+    resolve_tokenizer_path,
 )
 
 from ..core.request import Request
@@ -142,8 +146,24 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
 
 
 # %% ../../nbs/07b_engine.ipynb #b17dba42
+def sampling_defaults(generation_config: str, model_path: Path) -> dict:
+    """The SamplingParams defaults `generation_config` names (vLLM's `--generation-config`):
+    'auto' the model's own, 'vllm' none (SamplingParams' defaults), else a directory's."""
+    if generation_config == "vllm":
+        return {}
+    source = model_path if generation_config == "auto" else Path(generation_config)
+    if generation_config != "auto" and not (source / "generation_config.json").is_file():
+        raise ValueError(
+            f"generation_config={generation_config!r} is 'auto', 'vllm' or a directory with a "
+            "generation_config.json"
+        )
+    return generation_defaults(source)
+
+
 def model_name(model: str | None) -> str:
     "The name a model is served under: 'SmolLM2-135M-Instruct' for the default model."
+    if model and HUB_ID.fullmatch(model) and not Path(model).expanduser().exists():
+        return model  # a hub id, as vLLM serves it: 'Qwen/Qwen3-0.6B'
     path = Path(model or DEFAULT_GGUF_FILE)
     if path.suffix != ".gguf":
         return path.name
@@ -171,9 +191,14 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = cfg = (config or EngineConfig(**kwargs)).resolved()
-        self.model_path = resolve_model_path(cfg.model)
+        weights = cfg.load_format != "dummy"  # dummy weights need the config and tokenizer alone
+        self.model_path = resolve_model_path(cfg.model, cfg.revision, cfg.download_dir, weights)
         self.model_name = model_name(cfg.model)
-        self.tokenizer = load_tokenizer(self.model_path)
+        tokenizer_path = self.model_path
+        if cfg.tokenizer is not None:
+            tokenizer_path = resolve_tokenizer_path(cfg.tokenizer, cfg.download_dir)
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.sampling_defaults = sampling_defaults(cfg.generation_config, self.model_path)
         self.eos_token_ids = eos_token_ids(self.model_path, self.tokenizer)
         mcfg = config_from_hf(read_config(self.model_path))
         if mcfg.state_layers:  # what recurrent states cannot do, before loading
@@ -237,6 +262,10 @@ class LLMEngine:
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self.last_iteration = IterationStats(0, 0, 0)  # the newest step's token counts
 
+    def default_sampling_params(self) -> SamplingParams:
+        "A request's SamplingParams when it gives none: the defaults of `generation_config`."
+        return SamplingParams(**self.sampling_defaults)
+
     def make_request(
         self,
         prompt: str | list[int],
@@ -247,7 +276,7 @@ class LLMEngine:
     ) -> Request:
         """Check a prompt and its parameters and build its Request, without queueing it (no engine
         state changes)."""
-        params = params or SamplingParams()
+        params = params or self.default_sampling_params()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         if params.n != 1:

@@ -112,9 +112,9 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
     baseline = cuda_memory_snapshot(device) if device.type == "cuda" else None  # before weights
     if cfg.quantization:  # weights in fewer bits
         args = cfg.quantization, cfg.model, model_path, dtype, device, cfg.cpu_kernels
-        model = load_quantized(*args)
+        model = load_quantized(*args, cfg.load_format)
     else:
-        model = (tp.load_model if tp else load_model)(model_path, dtype, device)
+        model = (tp.load_model if tp else load_model)(model_path, dtype, device, cfg.load_format)
     num_blocks = cfg.num_kv_blocks or size_kv_pool(model, cfg, max_model_len, baseline)
     if tp is not None:
         num_blocks = tp.min_over_ranks(num_blocks)

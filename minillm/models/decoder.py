@@ -39,7 +39,8 @@ from torch import nn
 from minillm.loader import (
     ARCHITECTURES,
     ModelLoadError,
-    load_state_dict,
+    check_load_format,
+    checkpoint_state,
     read_config,
     resolve_model_path,
 )
@@ -336,10 +337,13 @@ def config_from_hf(config: dict) -> ModelConfig:
     return model_class(config).config_class.from_hf(config)
 
 
-def load_model(model_dir=None, dtype=torch.float32, device="cpu") -> CausalLM:
+def load_model(
+    model_dir=None, dtype=torch.float32, device="cpu", load_format: str = "auto"
+) -> CausalLM:
     """minillm's model for `model_dir` (see `resolve_model_path`), its weights in `dtype` on
-    `device`."""
-    model_dir = resolve_model_path(model_dir)
+    `device`: the checkpoint's, or dummy ones (`load_format='dummy'`, see `checkpoint_state`)."""
+    check_load_format(load_format)
+    model_dir = resolve_model_path(model_dir, weights=load_format != "dummy")
     config = read_config(model_dir)
     cls = model_class(config)
     cfg = cls.config_class.from_hf(config)
@@ -348,7 +352,8 @@ def load_model(model_dir=None, dtype=torch.float32, device="cpu") -> CausalLM:
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    load_weights(model, model.checkpoint_tensors(load_state_dict(model_dir, device)))
+    state = checkpoint_state(model_dir, load_format, device)
+    load_weights(model, model.checkpoint_tensors(state))
     model.to(dtype)
     model.rotary = model.make_rotary().to(device)
     return model.eval()

@@ -10,6 +10,7 @@ __all__ = [
     "local_config",
     "shard_rule",
     "load_state_dict_shard",
+    "shard_tensor",
     "CommStats",
     "TPGroup",
     "RowParallelLinear",
@@ -28,7 +29,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..loader import ModelLoadError, read_config
+from minillm.loader import (
+    ModelLoadError,
+    checkpoint_state,
+    language_model_name,
+    read_config,
+)
+
 from ..models.decoder import MLP, CausalLM, ModelConfig, load_weights, model_class
 from ..utils import cdiv
 
@@ -110,28 +117,43 @@ def shard_rule(name: str, cfg: ModelConfig, rank: int, size: int) -> tuple[int, 
     return None
 
 
-def load_state_dict_shard(model_dir, cfg: ModelConfig, rank: int, size: int, device="cpu") -> dict:
-    """This rank's slice of every tensor in the directory's safetensors files, read by slice; vocab
-    slices padded with zero rows to `ceil(vocab / size)`."""
+def load_state_dict_shard(
+    model_dir, cfg: ModelConfig, rank: int, size: int, device="cpu", load_format: str = "auto"
+) -> dict:
+    """This rank's slice of every tensor in the directory's safetensors files, read by slice (or
+    of the dummy weights, `load_format='dummy'`); vocab slices padded with zero rows to
+    `ceil(vocab / size)`."""
     from safetensors import SafetensorError, safe_open
 
-    state, rows = {}, cdiv(cfg.vocab_size, size)
+    if load_format == "dummy":
+        state = checkpoint_state(model_dir, load_format)
+        return {n: shard_tensor(n, t, cfg, rank, size).to(device) for n, t in state.items()}
+    state, multimodal = {}, "language_model_of" in read_config(model_dir)
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         try:
             with safe_open(f, "pt", device=str(device)) as fh:
-                for name in fh.keys():
-                    rule, piece = shard_rule(name, cfg, rank, size), fh.get_slice(name)
-                    if rule is None:
-                        state[name] = piece[:]
-                        continue
-                    dim, start, stop = rule
-                    t = piece[start:stop] if dim == 0 else piece[:, start:stop]
-                    if name.endswith(("embed_tokens.weight", "lm_head.weight")) and len(t) < rows:
-                        t = torch.cat([t, t.new_zeros(rows - len(t), *t.shape[1:])])
-                    state[name] = t
+                for stored in fh.keys():  # a multimodal checkpoint's language model alone
+                    name = language_model_name(stored) if multimodal else stored
+                    if name is not None:
+                        piece = fh.get_slice(stored)
+                        state[name] = shard_tensor(name, piece, cfg, rank, size)
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(f"Corrupt weights file {f}: {e}") from e
     return state
+
+
+def shard_tensor(name: str, piece, cfg: ModelConfig, rank: int, size: int) -> torch.Tensor:
+    """Rank `rank`'s slice of a checkpoint tensor (or of a safetensors slice, read only there);
+    a vocab slice padded with zero rows to `ceil(vocab / size)`."""
+    rule = shard_rule(name, cfg, rank, size)
+    if rule is None:
+        return piece[:]
+    dim, start, stop = rule
+    t = piece[start:stop] if dim == 0 else piece[:, start:stop]
+    rows = cdiv(cfg.vocab_size, size)
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")) and len(t) < rows:
+        t = torch.cat([t, t.new_zeros(rows - len(t), *t.shape[1:])])
+    return t
 
 
 # %% ../../nbs/11_tensor_parallel.ipynb #9f1a6626
@@ -239,7 +261,7 @@ class SummedOverRanks(nn.Module):
         return self.tp.all_reduce(self.module(x))
 
 
-def load_model_shard(model_dir, dtype, device, tp: TPGroup) -> CausalLM:
+def load_model_shard(model_dir, dtype, device, tp: TPGroup, load_format="auto") -> CausalLM:
     """Rank `tp.rank`'s slice of the model in `model_dir`, its layers wired to the group's
     collectives."""
     config = read_config(model_dir)
@@ -254,7 +276,7 @@ def load_model_shard(model_dir, dtype, device, tp: TPGroup) -> CausalLM:
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    state = load_state_dict_shard(model_dir, full, tp.rank, tp.size, device)
+    state = load_state_dict_shard(model_dir, full, tp.rank, tp.size, device, load_format)
     load_weights(model, model.checkpoint_tensors(state))
     model.to(dtype)
     model.rotary = model.make_rotary().to(device)

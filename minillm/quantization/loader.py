@@ -315,7 +315,9 @@ def check_quantization(scheme: str, model, device: str, tensor_parallel_size: in
         )
 
 
-def _gguf_blocks(scheme: str, model, model_path, dtype, device, cpu_kernels: bool) -> CausalLM:
+def _gguf_blocks(
+    scheme: str, model, model_path, dtype, device, cpu_kernels: bool, load_format: str
+) -> CausalLM:
     """A GGUF file's own blocks, in chapter 13's layers; on a CPU in float32, with `cpu_kernels`,
     in chapter 13b's kernels where they build."""
     kernels = {}
@@ -327,9 +329,11 @@ def _gguf_blocks(scheme: str, model, model_path, dtype, device, cpu_kernels: boo
     return load_gguf_quantized(model or default_gguf_path(), model_path, **kernels)
 
 
-def _on_load(scheme: str, model, model_path, dtype, device, cpu_kernels: bool) -> CausalLM:
-    "A float checkpoint, quantized as it loads."
-    return quantize_model(load_model(model_path, torch.float32, device), scheme)
+def _on_load(
+    scheme: str, model, model_path, dtype, device, cpu_kernels: bool, load_format: str
+) -> CausalLM:
+    "A float checkpoint (or dummy weights in its shapes), quantized as it loads."
+    return quantize_model(load_model(model_path, torch.float32, device, load_format), scheme)
 
 
 # each quantization method by name, and what loads a model with it
@@ -337,12 +341,13 @@ QUANTIZATIONS = {"gguf": _gguf_blocks, "int8": _on_load, "int4": _on_load}
 
 
 def load_quantized(
-    scheme: str, model, model_path, dtype, device, cpu_kernels: bool = True
+    scheme: str, model, model_path, dtype, device, cpu_kernels: bool = True, load_format="auto"
 ) -> CausalLM:
     """The model with quantized weights: a GGUF file's own blocks ("gguf"), or a float checkpoint
     quantized on load ("int8", "int4"). Float parameters in `dtype`; scales stay float32. On a
     CPU in float32, `cpu_kernels` serves GGUF blocks through chapter 13b's kernels."""
-    quantized = QUANTIZATIONS[scheme](scheme, model, model_path, dtype, device, cpu_kernels)
+    args = scheme, model, model_path, dtype, device, cpu_kernels, load_format
+    quantized = QUANTIZATIONS[scheme](*args)
     for p in quantized.parameters():
         p.data = p.data.to(dtype)
     return quantized.to(device)

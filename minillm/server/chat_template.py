@@ -5,6 +5,7 @@ truncation, token ids sent in place of messages, and the tokenizer's own informa
 
 # %% auto #0
 __all__ = [
+    "logger",
     "TEMPLATE_OWN",
     "TEMPLATE_OPTIONS",
     "template_uses",
@@ -12,6 +13,7 @@ __all__ = [
     "content_format",
     "tokenizer_info",
     "prompt_options",
+    "template_kwargs",
     "check_token_in",
     "shaped_prompt",
     "truncated",
@@ -20,12 +22,15 @@ __all__ = [
 
 # %% ../../nbs/12b_openai_api.ipynb #8253d4ce0
 import json
+import logging
 import re
 
 import jinja2
 import jinja2.nodes
 
 from .errors import refuse
+
+logger = logging.getLogger("minillm")
 
 
 def template_uses(tokenizer, name: str) -> bool:
@@ -78,7 +83,16 @@ def tokenizer_info(tokenizer) -> dict:
 
 
 # %% ../../nbs/12b_openai_api.ipynb #fc316cd00
-TEMPLATE_OWN = ("messages", "tools", "tokenize", "chat_template", "return_dict", "documents")
+TEMPLATE_OWN = (  # what the server passes to a template itself: never a chat_template_kwargs key
+    "messages",
+    "tools",
+    "tokenize",
+    "chat_template",
+    "return_dict",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+)
 
 
 def prompt_options(body, max_model_len: int, tokenizer) -> dict:
@@ -105,10 +119,7 @@ def prompt_options(body, max_model_len: int, tokenizer) -> dict:
                 "add_generation_prompt: false",
                 "continue_final_message",
             )
-        kwargs = dict(body.chat_template_kwargs or {})
-        taken = sorted(set(kwargs) & set(TEMPLATE_OWN))
-        if taken:
-            refuse(f"chat_template_kwargs may not set {taken[0]!r}", "chat_template_kwargs")
+        kwargs = template_kwargs(body.chat_template_kwargs or {}, tokenizer)
         kwargs.update(
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
@@ -117,16 +128,24 @@ def prompt_options(body, max_model_len: int, tokenizer) -> dict:
             kwargs["documents"] = body.documents
         if body.reasoning_effort is not None:
             kwargs["reasoning_effort"] = body.reasoning_effort
-        # transformers applies these two; any other variable the template never reads is refused
-        own = ("add_generation_prompt", "continue_final_message")
-        for name in sorted(set(kwargs) - set(own)):
-            if not template_uses(tokenizer, name):
-                field = (
-                    name if name in ("documents", "reasoning_effort") else "chat_template_kwargs"
-                )
-                refuse(f"this model's chat template does not use {name!r}", field)
+        for name in ("documents", "reasoning_effort"):  # request fields: read, or refused
+            if name in kwargs and not template_uses(tokenizer, name):
+                refuse(f"this model's chat template does not use {name!r}", name)
         options["template"] = kwargs
     return options
+
+
+def template_kwargs(kwargs: dict, tokenizer) -> dict:
+    """`chat_template_kwargs` as vLLM takes them: a key the server sets itself is refused by name;
+    a variable this model's template never reads changes nothing, so it is dropped (logged at
+    debug): clients send `enable_thinking` to every model."""
+    taken = sorted(set(kwargs) & set(TEMPLATE_OWN))
+    if taken:
+        refuse(f"chat_template_kwargs may not set {taken[0]!r}", "chat_template_kwargs")
+    unread = sorted(k for k in kwargs if not template_uses(tokenizer, k))
+    if unread:
+        logger.debug("chat_template_kwargs %s: this model's template does not read them", unread)
+    return {k: v for k, v in kwargs.items() if k not in unread}
 
 
 TEMPLATE_OPTIONS = (  # what shapes how a chat template renders a conversation

@@ -19,9 +19,8 @@ def add_completion_routes(app: FastAPI, ctx: ServerContext) -> dict:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: HTTPRequest):
         ctx.checked(raw, body.model)
-        params = body.sampling_params(
-            16 if body.max_tokens is None else body.max_tokens, ctx.limits
-        )
+        limit = 16 if body.max_tokens is None else body.max_tokens
+        params = body.sampling_params(limit, ctx.limits, ctx.aeng.engine.sampling_defaults)
         return await ctx.serve_request(raw, body, body.prompts(ctx.limits), params)
 
     @app.post("/v1/chat/completions")

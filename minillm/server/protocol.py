@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 # %% ../../nbs/09_serving.ipynb #97593025
+import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
@@ -182,8 +183,11 @@ class SamplingFields(BaseModel):
     request_id: str | None = None  # the response's id ends with it
     kv_transfer_params: dict[str, Any] | None = None  # vLLM's name, set by a proxy
 
-    def sampling_params(self, max_tokens: int | None, limits: ServerLimits) -> SamplingParams:
-        "The engine's SamplingParams, checked against `limits`; APIError names a bad field."
+    def sampling_params(
+        self, max_tokens: int | None, limits: ServerLimits, defaults: dict | None = None
+    ) -> SamplingParams:
+        """The engine's SamplingParams, checked against `limits`, with the model's `defaults`
+        (`LLMEngine.sampling_defaults`) where the body sets none; APIError names a bad field."""
         check_extra_fields(self.model_extra or {})
         _limit(
             self.stream or self.stream_options is None,
@@ -204,7 +208,7 @@ class SamplingFields(BaseModel):
             "stop_token_ids",
         )
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 n=self.n,
                 temperature=_default(self.temperature, 1.0),
                 top_p=_default(self.top_p, 1.0),
@@ -220,6 +224,8 @@ class SamplingFields(BaseModel):
                 skip_special_tokens=self.skip_special_tokens,
                 **self.processing_params(),
             )
+            unset = {k: v for k, v in (defaults or {}).items() if getattr(self, k) is None}
+            return dataclasses.replace(params, **unset) if unset else params
         except ValueError as e:
             raise APIError(400, str(e), param=str(e).split()[0]) from None
 

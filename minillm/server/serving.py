@@ -505,9 +505,14 @@ class ServerContext:
         prompts = [None] * len(chats) or [body.prompt_token_ids]  # (token ids: chapter 12b)
         return prompts, chats, tools
 
+    def sampling_params(self, body: ChatCompletionRequest) -> SamplingParams:
+        "A chat body's SamplingParams, under the limits, with the model's defaults."
+        limit = body.max_completion_tokens or body.max_tokens
+        return body.sampling_params(limit, self.limits, self.aeng.engine.sampling_defaults)
+
     async def chat(self, raw: HTTPRequest, body: ChatCompletionRequest, reshape=None):
         "A chat completion, answered in its shape or (chapter 12b's Responses API) `reshape`d."
-        params = body.sampling_params(body.max_completion_tokens or body.max_tokens, self.limits)
+        params = self.sampling_params(body)
         tool_mode = body.tool_mode(self.enable_auto_tool_choice)
         prompts, chats, tools = self.rendered(body, tool_mode)
         args = params, True, chats, tool_mode, tools, reshape
@@ -515,7 +520,7 @@ class ServerContext:
 
     async def count_prompt_tokens(self, body: ChatCompletionRequest) -> int:
         "The prompt tokens a chat would run, rendered and truncated (chapter 12b's input_tokens)."
-        params = body.sampling_params(body.max_completion_tokens or body.max_tokens, self.limits)
+        params = self.sampling_params(body)
         prompts, chats, tools = self.rendered(body, body.tool_mode(self.enable_auto_tool_choice))
         one = dataclasses.replace(params, n=1)
         options = self.prompt_options(body)

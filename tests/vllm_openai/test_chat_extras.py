@@ -589,9 +589,6 @@ def test_function_tool_use(client, model_name, stream, tool_choice):
         assert len(calls) > 0
 
 
-@pytest.mark.xfail(
-    reason="minillm refuses template variables its template never reads; vLLM ignores them"
-)
 @pytest.mark.parametrize("arguments", ["{}", ""], ids=["braces", "empty"])
 def test_no_args_tool_call(client, model_name, arguments):
     "vLLM: chat_completion/test_completion_with_function_calling.py::test_no_args_tool_call"
