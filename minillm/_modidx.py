@@ -268,6 +268,10 @@ d = {
                 "benchmarks.html#free_port",
                 "minillm/bench/online.py",
             ),
+            "minillm.bench.online.latency_series": (
+                "benchmarks.html#latency_series",
+                "minillm/bench/online.py",
+            ),
             "minillm.bench.online.online_benchmark": (
                 "benchmarks.html#online_benchmark",
                 "minillm/bench/online.py",

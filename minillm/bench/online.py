@@ -11,6 +11,7 @@ __all__ = [
     "RequestResult",
     "send_request",
     "run_load",
+    "latency_series",
     "summarize",
     "first_model",
     "sweep",
@@ -218,6 +219,17 @@ def run_load(
 PERCENTILES = (50, 90, 99)
 
 
+def latency_series(results: list[RequestResult]) -> dict[str, list[float]]:
+    "The successful requests' TTFTs, TPOTs, inter-token gaps and end-to-end times, in seconds."
+    ok = [r for r in results if r.success]
+    return {
+        "ttft": [r.ttft for r in ok],
+        "tpot": [r.tpot for r in ok if r.tpot is not None],
+        "itl": [x for r in ok for x in r.itl],
+        "e2e": [r.e2e for r in ok],
+    }
+
+
 def summarize(results: list[RequestResult], duration: float) -> dict:
     "Counts, throughputs and latency percentiles (seconds) of one run."
     ok = [r for r in results if r.success]
@@ -232,13 +244,7 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         output_throughput=out_tok / duration,
         total_token_throughput=(in_tok + out_tok) / duration,
     )
-    series = {
-        "ttft": [r.ttft for r in ok],
-        "tpot": [r.tpot for r in ok if r.tpot is not None],
-        "itl": [x for r in ok for x in r.itl],
-        "e2e": [r.e2e for r in ok],
-    }
-    for name, xs in series.items():
+    for name, xs in latency_series(results).items():
         s[f"mean_{name}_s"] = float(np.mean(xs)) if xs else math.nan
         for p in PERCENTILES:
             s[f"p{p}_{name}_s"] = float(np.percentile(xs, p)) if xs else math.nan

@@ -27,8 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
+from minillm.bench.online import (
+    ServingRequest,
+    first_model,
+    latency_series,
+    run_load,
+    summarize,
+)
+
 from ..sampling import SamplingParams
-from .online import ServingRequest, first_model, run_load, summarize
 
 DATASETS = ("random",)  # vLLM's --dataset-name values minillm serves
 
@@ -187,14 +194,8 @@ def serve_benchmark(
         total_token_throughput=s["total_token_throughput"],
         errors=[r.error for r in results if not r.success],
     )
-    ok = [r for r in results if r.success]
-    series = {
-        "ttft": [r.ttft for r in ok],
-        "tpot": [r.tpot for r in ok if r.tpot is not None],
-        "itl": [x for r in ok for x in r.itl],
-        "e2el": [r.e2e for r in ok],
-    }
-    for name, xs in series.items():
+    for name, xs in latency_series(results).items():
+        name = "e2el" if name == "e2e" else name  # vLLM's key
         ms = np.array(xs) * 1000 if xs else np.array([math.nan])
         out[f"mean_{name}_ms"] = float(np.mean(ms))
         out[f"median_{name}_ms"] = float(np.median(ms))
