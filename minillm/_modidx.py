@@ -661,6 +661,10 @@ d = {
                 "model_runner.html#kvcacheconfig.graph_inputs",
                 "minillm/core/kv_cache_config.py",
             ),
+            "minillm.core.kv_cache_config.KVCacheConfig.graph_refusal": (
+                "model_runner.html#kvcacheconfig.graph_refusal",
+                "minillm/core/kv_cache_config.py",
+            ),
             "minillm.core.kv_cache_config.KVCacheConfig.hybrid": (
                 "model_runner.html#kvcacheconfig.hybrid",
                 "minillm/core/kv_cache_config.py",

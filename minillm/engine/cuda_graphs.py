@@ -40,12 +40,9 @@ class CUDAGraphDecoder:
         self.context_lens = torch.zeros(max_batch, **i32)
         kv_config = KVCacheConfig(model.config, cache.block_size, cache.dtype)
         self.kv = kv_config.graph_inputs(max_batch, max_model_len, device)
-        if kv_config.hybrid or kv_config.state_layers:
-            raise ValueError(
-                f"CUDA graphs read one KV cache group's block tables and no recurrent states; "
-                f"{model.config.architecture} needs {len(kv_config.groups)} groups and "
-                f"{kv_config.state_layers} layers' states: run it eagerly"
-            )
+        refusal = kv_config.graph_refusal()
+        if refusal is not None:
+            raise ValueError(f"CUDA graphs cannot serve {model.config.architecture}: {refusal}")
         self.block_tables = self.kv.block_tables[0]
         self.cu_seqlens_q = torch.arange(max_batch + 1, **i32)
         self.logits_buffer = torch.empty(

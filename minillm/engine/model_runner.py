@@ -185,10 +185,9 @@ class ModelRunner:
 
     def graphs_refused(self) -> str | None:
         "Why captured graphs cannot serve this model's decode steps (None: they can)."
-        if self.kv_config.hybrid:
-            return "its layers' windows differ (a graph reads one KV cache group's block tables)"
-        if self.states is not None:
-            return "its recurrent layers' states (a graph reads no state slots yet)"
+        refusal = self.kv_config.graph_refusal()
+        if refusal is not None:
+            return refusal
         if not self.model.cuda_graphs:
             return "it says so (`cuda_graphs = False`: its step sizes work on the host)"
         return None
