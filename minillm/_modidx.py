@@ -393,8 +393,8 @@ d = {
             ),
         },
         "minillm.cli": {
-            "minillm.cli.RefusedFlag": ("cli.html#refusedflag", "minillm/cli.py"),
-            "minillm.cli.RefusedFlag.__call__": ("cli.html#refusedflag.__call__", "minillm/cli.py"),
+            "minillm.cli.LoraFlag": ("cli.html#loraflag", "minillm/cli.py"),
+            "minillm.cli.LoraFlag.__call__": ("cli.html#loraflag.__call__", "minillm/cli.py"),
             "minillm.cli._bench_latency_command": (
                 "cli.html#_bench_latency_command",
                 "minillm/cli.py",

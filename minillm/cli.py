@@ -9,7 +9,7 @@ __all__ = [
     "BENCH_COMMANDS",
     "json_object",
     "add_engine_flags",
-    "RefusedFlag",
+    "LoraFlag",
     "engine_kwargs",
     "engine_argv",
     "add_sampling_flags",
@@ -141,14 +141,14 @@ def add_engine_flags(p: argparse.ArgumentParser):
         "--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps"
     )
     for flag in LORA_FLAGS:  # vLLM's, refused by name rather than "unrecognized"
-        p.add_argument(flag, nargs="*", action=RefusedFlag, help=argparse.SUPPRESS)
+        p.add_argument(flag, nargs="*", action=LoraFlag, help=argparse.SUPPRESS)
 
 
 LORA_FLAGS = ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank")
 
 
-class RefusedFlag(argparse.Action):
-    "A vLLM flag for what minillm does not do: an error that names it and says so."
+class LoraFlag(argparse.Action):
+    "vLLM's LoRA flags: an error that names the flag and says why, never a silent accept."
 
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string}: minillm serves no LoRA adapters, only the base model")
@@ -352,8 +352,8 @@ def _random_requests(args, tokenizer) -> list:
     return random_dataset(
         tokenizer,
         args.num_prompts,
-        getattr(args, "input_len", None) or args.random_input_len,
-        getattr(args, "output_len", None) or args.random_output_len,
+        args.input_len or args.random_input_len,
+        args.output_len or args.random_output_len,
         args.random_range_ratio,
         args.seed,
         args.random_prefix_len,
@@ -390,6 +390,7 @@ def cmd_bench_latency(args):
         args.batch_size,
         args.num_iters_warmup,
         args.num_iters,
+        args.seed,
     )
     result["model_id"] = llm.engine.model_name
     print_latency(result)
@@ -770,6 +771,7 @@ def _bench_latency_command(modes):
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--num-iters-warmup", type=int, default=10)
     t.add_argument("--num-iters", type=int, default=30)
+    t.add_argument("--seed", type=int, default=0, help="seeds the prompts")
     t.add_argument("--output-json", default=None, help="write the result as JSON to this file")
     add_engine_flags(t)
     t.set_defaults(func=cmd_bench_latency)

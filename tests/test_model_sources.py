@@ -160,7 +160,7 @@ def test_hub_id_offline_and_not_cached_says_what_to_do(hub_cache):
     assert "'org/tiny' at revision 'v9'" in error
 
 
-def test_a_local_path_that_is_not_there_is_not_sent_to_the_hub(tmp_path):
+def test_a_missing_local_path_says_it_does_not_exist(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         resolve_model_path(str(tmp_path / "absent"))
 
@@ -226,7 +226,7 @@ def test_vllm_random_dataset_draws_as_vllm(tokenizer):
     assert all(4 + 75 - special <= len(p) <= 4 + 125 for p, _ in reqs)
     assert all(15 <= n <= 25 for _, n in reqs)
     assert len({tuple(p[:4]) for p, _ in reqs}) == 1  # the shared prefix
-    vocab = len(tokenizer)
+    vocab = tokenizer.vocab_size
     assert all((b - a) % vocab == 1 for p, _ in reqs for a, b in zip(p[4:], p[5:]))
     assert reqs == random_dataset(tokenizer, 50, 100, 20, range_ratio=0.25, seed=1, prefix_len=4)
     with pytest.raises(ValueError, match="range-ratio"):

@@ -56,7 +56,7 @@ def random_dataset(
         raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
     if num_prompts < 1 or input_len < 1 or output_len < 1:
         raise ValueError("--num-prompts, the input length and the output length must be >= 1")
-    rng, vocab = np.random.default_rng(seed), len(tokenizer)
+    rng, vocab = np.random.default_rng(seed), tokenizer.vocab_size
     real_input = max(0, input_len - tokenizer.num_special_tokens_to_add())
     lows = math.floor(real_input * (1 - range_ratio)), math.floor(output_len * (1 - range_ratio))
     highs = math.ceil(real_input * (1 + range_ratio)), math.ceil(output_len * (1 + range_ratio))
