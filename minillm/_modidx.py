@@ -180,6 +180,10 @@ d = {
                 "offline_bench.html#engine_peak_flops",
                 "minillm/bench/offline.py",
             ),
+            "minillm.bench.offline.hf_cb_knobs": (
+                "offline_bench.html#hf_cb_knobs",
+                "minillm/bench/offline.py",
+            ),
             "minillm.bench.offline.hf_greedy": (
                 "offline_bench.html#hf_greedy",
                 "minillm/bench/offline.py",
@@ -760,6 +764,10 @@ d = {
             ),
             "minillm.core.request.Request.output_ids": (
                 "scheduler.html#request.output_ids",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.RequestError": (
+                "scheduler.html#requesterror",
                 "minillm/core/request.py",
             ),
             "minillm.core.request.RequestStatus": (
@@ -2031,12 +2039,24 @@ d = {
                 "openai_api.html#grammar.__init__",
                 "minillm/engine/structured_output.py",
             ),
+            "minillm.engine.structured_output.Grammar._check": (
+                "openai_api.html#grammar._check",
+                "minillm/engine/structured_output.py",
+            ),
             "minillm.engine.structured_output.Grammar.accept": (
                 "openai_api.html#grammar.accept",
                 "minillm/engine/structured_output.py",
             ),
+            "minillm.engine.structured_output.Grammar.check_start": (
+                "openai_api.html#grammar.check_start",
+                "minillm/engine/structured_output.py",
+            ),
             "minillm.engine.structured_output.Grammar.fill_bitmask": (
                 "openai_api.html#grammar.fill_bitmask",
+                "minillm/engine/structured_output.py",
+            ),
+            "minillm.engine.structured_output.GrammarDeadEnd": (
+                "openai_api.html#grammardeadend",
                 "minillm/engine/structured_output.py",
             ),
             "minillm.engine.structured_output.GuidedDecodingParams": (
@@ -3625,6 +3645,10 @@ d = {
                 "serving.html#requestfailed",
                 "minillm/server/async_engine.py",
             ),
+            "minillm.server.async_engine.RequestRefused": (
+                "serving.html#requestrefused",
+                "minillm/server/async_engine.py",
+            ),
             "minillm.server.async_engine.Sink": (
                 "serving.html#sink",
                 "minillm/server/async_engine.py",
@@ -4025,6 +4049,68 @@ d = {
                 "minillm/server/protocol.py",
             ),
         },
+        "minillm.server.reasoning_parsers": {
+            "minillm.server.reasoning_parsers.DeepSeekR1ReasoningParser": (
+                "openai_api.html#deepseekr1reasoningparser",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.Qwen3ReasoningParser": (
+                "openai_api.html#qwen3reasoningparser",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.Qwen3ReasoningParser.thinks": (
+                "openai_api.html#qwen3reasoningparser.thinks",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.Reasoning": (
+                "openai_api.html#reasoning",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.Reasoning.__init__": (
+                "openai_api.html#reasoning.__init__",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.Reasoning.complete": (
+                "openai_api.html#reasoning.complete",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.Reasoning.fields": (
+                "openai_api.html#reasoning.fields",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.Reasoning.stream": (
+                "openai_api.html#reasoning.stream",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.ReasoningParser": (
+                "openai_api.html#reasoningparser",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.ReasoningParser.__init__": (
+                "openai_api.html#reasoningparser.__init__",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.ReasoningParser.feed": (
+                "openai_api.html#reasoningparser.feed",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.ReasoningParser.finish": (
+                "openai_api.html#reasoningparser.finish",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.ReasoningParser.split": (
+                "openai_api.html#reasoningparser.split",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.ReasoningParser.thinks": (
+                "openai_api.html#reasoningparser.thinks",
+                "minillm/server/reasoning_parsers.py",
+            ),
+            "minillm.server.reasoning_parsers.request_reasoning": (
+                "openai_api.html#request_reasoning",
+                "minillm/server/reasoning_parsers.py",
+            ),
+        },
         "minillm.server.responses": {
             "minillm.server.responses.ResponseStore": (
                 "openai_api.html#responsestore",
@@ -4098,8 +4184,16 @@ d = {
                 "openai_api.html#responsesshape._event",
                 "minillm/server/responses.py",
             ),
+            "minillm.server.responses.ResponsesShape._item_at": (
+                "openai_api.html#responsesshape._item_at",
+                "minillm/server/responses.py",
+            ),
             "minillm.server.responses.ResponsesShape._raw_message": (
                 "openai_api.html#responsesshape._raw_message",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses.ResponsesShape._reasoning": (
+                "openai_api.html#responsesshape._reasoning",
                 "minillm/server/responses.py",
             ),
             "minillm.server.responses.ResponsesShape._text": (
@@ -4160,6 +4254,10 @@ d = {
             ),
             "minillm.server.responses._output_messages": (
                 "openai_api.html#_output_messages",
+                "minillm/server/responses.py",
+            ),
+            "minillm.server.responses._reasoning_item": (
+                "openai_api.html#_reasoning_item",
                 "minillm/server/responses.py",
             ),
             "minillm.server.responses._run_detached": (
@@ -4312,6 +4410,10 @@ d = {
                 "serving.html#servercontext.prompt_options",
                 "minillm/server/serving.py",
             ),
+            "minillm.server.serving.ServerContext.reasoning": (
+                "serving.html#servercontext.reasoning",
+                "minillm/server/serving.py",
+            ),
             "minillm.server.serving.ServerContext.rendered": (
                 "serving.html#servercontext.rendered",
                 "minillm/server/serving.py",
@@ -4454,10 +4556,6 @@ d = {
                 "openai_api.html#_earlier_call",
                 "minillm/server/tool_parsers.py",
             ),
-            "minillm.server.tool_parsers._partial_suffix": (
-                "openai_api.html#_partial_suffix",
-                "minillm/server/tool_parsers.py",
-            ),
             "minillm.server.tool_parsers.chat_input": (
                 "openai_api.html#chat_input",
                 "minillm/server/tool_parsers.py",
@@ -4468,6 +4566,10 @@ d = {
             ),
             "minillm.server.tool_parsers.parse_tool_calls": (
                 "openai_api.html#parse_tool_calls",
+                "minillm/server/tool_parsers.py",
+            ),
+            "minillm.server.tool_parsers.partial_suffix": (
+                "openai_api.html#partial_suffix",
                 "minillm/server/tool_parsers.py",
             ),
             "minillm.server.tool_parsers.rebased_refs": (

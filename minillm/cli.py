@@ -263,6 +263,7 @@ def cmd_serve(args):
         api_options={
             "enable_auto_tool_choice": args.enable_auto_tool_choice,
             "tool_call_parser": args.tool_call_parser,
+            "reasoning_parser": args.reasoning_parser,
             "chat_template": args.chat_template,
             "chat_template_content_format": args.chat_template_content_format,
             "pooler_config": args.pooler_config,
@@ -483,7 +484,8 @@ def _workload_flags(p, num_requests, prompt, output):
 
 
 def add_api_flags(p: argparse.ArgumentParser):
-    "vLLM's flags for tool calls, the chat template and embeddings' pooling (chapter 12b)."
+    "vLLM's flags for tool calls, reasoning, the chat template and pooling (chapter 12b)."
+    from minillm.server.reasoning_parsers import REASONING_PARSERS
     from minillm.server.tool_parsers import TOOL_PARSERS
 
     p.add_argument(
@@ -496,6 +498,13 @@ def add_api_flags(p: argparse.ArgumentParser):
         choices=sorted(TOOL_PARSERS),
         default="hermes",
         help="the format the model writes tool calls in (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="split what a reasoning model thinks (<think>...</think>) from its answer: chat "
+        "answers carry it in `reasoning` (and `reasoning_content`)",
     )
     p.add_argument(
         "--chat-template",

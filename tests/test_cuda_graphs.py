@@ -10,8 +10,9 @@ from minillm import LLM, SamplingParams
 from minillm.engine.cuda_graphs import CUDAGraphDecoder
 
 
-def test_engine_decodes_through_graphs_and_equals_transformers(random_llama):
-    path, hf = random_llama
+def graph_llm(path, **kw) -> LLM:
+    """An engine whose decode steps go through CUDAGraphDecoder: captured on a GPU; on CPU the same
+    static buffers and padding, run without capture under the Triton interpreter."""
     llm = LLM(
         str(path),
         attention_backend="triton",
@@ -20,6 +21,7 @@ def test_engine_decodes_through_graphs_and_equals_transformers(random_llama):
         max_model_len=256,
         dtype="float32",
         device="cuda" if torch.cuda.is_available() else "cpu",
+        **kw,
     )
     engine = llm.engine
     if engine.runner.graphs is None:  # CPU: no capture, the same data path
@@ -27,9 +29,21 @@ def test_engine_decodes_through_graphs_and_equals_transformers(random_llama):
         engine.runner.graphs = CUDAGraphDecoder(
             engine.model, engine.runner.cache, 4, engine.max_model_len, capture=False
         )
-    graphs, replays = engine.runner.graphs, []
+    return llm
+
+
+def replays_of(llm: LLM) -> list[int]:
+    "The token counts of the batches the graphs serve, from now on."
+    graphs, replays = llm.engine.runner.graphs, []
     run = graphs.run
     graphs.run = lambda batch: replays.append(len(batch.input_ids)) or run(batch)
+    return replays
+
+
+def test_engine_decodes_through_graphs_and_equals_transformers(random_llama):
+    path, hf = random_llama
+    llm = graph_llm(path)
+    replays = replays_of(llm)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(100, 5000, (n,), generator=g).tolist() for n in (5, 17, 31, 2, 40, 9)]
     outs = llm.generate(
@@ -39,4 +53,25 @@ def test_engine_decodes_through_graphs_and_equals_transformers(random_llama):
     assert {4, 2} <= set(replays), (
         "decode steps of batch 4 and, at the end, 2 (padded) went through the graphs"
     )
-    assert engine.block_manager.num_free_blocks == 64
+    assert llm.engine.block_manager.num_free_blocks == 64
+
+
+def test_speculative_verification_is_not_a_decode_batch(random_llama):
+    """The bug the 2026-12-04 H200 run found: a verification batch (each sequence's token and its
+    drafts) has logits at every token, as a decode batch does, and went to the graphs, which gave
+    every token its sequence's whole context (drafts saw later drafts) or failed on the shapes.
+    Graphs serve one token per sequence; verification steps run eagerly, and the tokens equal
+    transformers'."""
+    path, hf = random_llama
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    llm = graph_llm(path, speculative_config=spec)
+    graphs, served = llm.engine.runner.graphs, []
+    run = graphs.run
+    graphs.run = lambda b: served.append((len(b.input_ids), len(b.metadata.context_lens))) or run(b)
+    prompts = [[(j % (3 + i)) + 20 * i + 40 for j in range(12 + 5 * i)] for i in range(5)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate(prompts + prompts[:3], params, use_tqdm=False)
+    assert served and all(tokens == seqs for tokens, seqs in served), served
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts + prompts[:3]]
+    assert llm.engine.scheduler.num_accepted_tokens > 0  # drafts were verified, and kept
+    assert llm.engine.block_manager.num_free_blocks == 64

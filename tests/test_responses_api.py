@@ -143,7 +143,7 @@ def test_structured_text_formats(client):
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"tools": [TOOL]}, "tool_choice"),  # 'auto' without --enable-auto-tool-choice
         (
-            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "x"}]}]},
+            {"input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]},
             "input",
         ),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input"),

@@ -10,6 +10,7 @@ __all__ = [
     "run_minillm",
     "hf_greedy",
     "run_hf_static",
+    "hf_cb_knobs",
     "run_hf_continuous",
     "engine_peak_flops",
     "offline_benchmark",
@@ -122,18 +123,32 @@ def run_hf_static(hf_model, w: Workload):
 
 
 @torch.inference_mode()
+def hf_cb_knobs(config_class, page_size: int, **knobs) -> dict:
+    """transformers' continuous-batching knobs, in the names the installed version takes: the page
+    of its KV cache is `page_size` in 5.24 and `block_size` in 5.17; a knob it lacks is dropped
+    (logged), as it cannot be set."""
+    import inspect
+    import logging
+
+    taken = set(inspect.signature(config_class).parameters)
+    page = next((n for n in ("page_size", "block_size") if n in taken), None)
+    if page is None:
+        raise TypeError(f"{config_class.__name__} takes neither page_size nor block_size")
+    dropped = sorted(set(knobs) - taken)
+    if dropped:
+        message = "transformers' %s has no %s; left at its default"
+        logging.getLogger("minillm").info(message, config_class.__name__, dropped)
+    return {page: page_size} | {k: v for k, v in knobs.items() if k in taken}
+
+
 def run_hf_continuous(hf_model, w: Workload, page_size: int = 32, max_batch_tokens: int = 512):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0)  # -1: no EOS
     blocks = sum(cdiv(len(p) + n, page_size) for p, n in zip(w.prompts, w.output_lens))
-    cb = ContinuousBatchingConfig(
-        page_size=page_size,
-        num_blocks=blocks,
-        max_batch_tokens=max_batch_tokens,
-        auto_switch_to_flash=False,
-    )
+    knobs = dict(num_blocks=blocks, max_batch_tokens=max_batch_tokens, auto_switch_to_flash=False)
+    cb = ContinuousBatchingConfig(**hf_cb_knobs(ContinuousBatchingConfig, page_size, **knobs))
     results, t = {}, time.perf_counter()
     with hf_model.continuous_batching_context_manager(
         generation_config=gen, continuous_batching_config=cb, warmup=False

@@ -87,9 +87,13 @@ class CUDAGraphDecoder:
         return step
 
     def can_run(self, batch: FlatBatch) -> bool:
+        """Is `batch` a decode batch a graph serves: one new token per sequence (a verification
+        batch, chapter 12, also has logits at every token, but several tokens per sequence), no
+        more sequences than the largest graph, block tables no wider than its own?"""
         n = len(batch.input_ids)
         return (
-            len(batch.logits_indices) == n <= self.batch_sizes[-1]
+            len(batch.logits_indices) == len(batch.metadata.context_lens) == n
+            and n <= self.batch_sizes[-1]
             and batch.metadata.block_tables.shape[1] <= self.block_tables.shape[1]
         )
 

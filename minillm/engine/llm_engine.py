@@ -36,7 +36,7 @@ from minillm.loader import (
     resolve_tokenizer_path,
 )
 
-from ..core.request import Request
+from ..core.request import Request, RequestError
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..core.state_cache import check_state_model
 from ..detokenizer import TextStream
@@ -84,6 +84,7 @@ class RequestOutput:
     num_preemptions: int = 0  # how often the scheduler preempted it
     # the request's first output? (token_times may have grown since: the engine runs on)
     first_output: bool = False
+    bad_request: bool = False  # the error is the request's own (RequestError): its client's 400
 
     @property
     def metrics(self) -> RequestLatency | None:
@@ -142,6 +143,7 @@ def request_output(req: Request, delta_text: str = "", delta_ids=()) -> RequestO
         req.first_scheduled_time,
         req.num_preemptions,
         first,
+        req.bad_request,
     )
 
 
@@ -234,6 +236,13 @@ class LLMEngine:
         self.proposer = None
         if cfg.speculative_config:
             self.proposer = make_proposer(cfg.speculative_config, self)
+            if self.runner.graphs is not None:  # said once, by name: the fast path is partial
+                logger.warning(
+                    "CUDA graphs: speculative decoding's verification steps (%d drafts a "
+                    "sequence) are not captured and run eagerly; steps without drafts replay "
+                    "graphs",
+                    self.proposer.num_speculative_tokens,
+                )
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,
@@ -473,7 +482,8 @@ class LLMEngine:
     def _fail(self, req: Request, error: Exception) -> RequestOutput:
         "End one request with an error (logged with its traceback); no other request is touched."
         logger.error("request %s failed", req.request_id, exc_info=error)
-        req.error = f"{type(error).__name__}: {error}"
+        req.bad_request = isinstance(error, RequestError)
+        req.error = str(error) if req.bad_request else f"{type(error).__name__}: {error}"
         self.scheduler.finish(req, "error")
         self.requests.pop(req.request_id, None)
         return request_output(req)

@@ -6,6 +6,7 @@
 __all__ = [
     "GuidedDecodingParams",
     "choice_grammar",
+    "GrammarDeadEnd",
     "Grammar",
     "StructuredOutputManager",
     "apply_grammars",
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention.input_batch import SampleRows
+from ..core.request import RequestError
 
 
 @dataclass
@@ -69,21 +71,46 @@ def choice_grammar(choices: list[str]) -> str:
 
 
 # %% ../../nbs/12b_openai_api.ipynb #3342b7e5
+class GrammarDeadEnd(RequestError):
+    "No token of the model's vocabulary continues the request's grammar: the request's own error."
+
+
 class Grammar:
-    "One request's matcher: which tokens may come next; it moves only on tokens the request keeps."
+    """One request's matcher: which tokens may come next; it moves only on tokens the request keeps.
+    Where no token may come next (the grammar asks for text this tokenizer cannot spell), the
+    request fails with GrammarDeadEnd before its row is sampled: an all-masked row would sample
+    garbage on a CPU and stop a GPU with a device-side assert."""
 
     def __init__(self, matcher):
-        self.matcher = matcher
+        self.matcher, self.accepted = matcher, 0
 
     def accept(self, tokens: list[int]):
         for t in tokens:
             if not self.matcher.accept_token(t):
                 raise RuntimeError(f"token {t} breaks the request's grammar")
+            self.accepted += 1
+
+    def check_start(self, vocab_size: int):
+        "GrammarDeadEnd if not even a first token is allowed (asked when the request is made)."
+        import xgrammar as xgr
+
+        bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask, 0)
+        self._check(bitmask[0])
+
+    def _check(self, row: torch.Tensor):
+        if not bool(row.any()):
+            raise GrammarDeadEnd(
+                "no token of this model's vocabulary can continue the request's structured output "
+                f"after {self.accepted} tokens: it asks for text the tokenizer cannot spell; "
+                "change the schema, pattern, choices or grammar"
+            )
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, drafts: list[int]) -> int:
         """Fill row `row` with the tokens allowed next and, for each draft the grammar accepts, the
         row after it (chapter 12's verification); then step back. Returns the rows filled."""
         self.matcher.fill_next_token_bitmask(bitmask, row)
+        self._check(bitmask[row])
         advanced = filled = 0
         for d in drafts:
             if not self.matcher.accept_token(d):
@@ -147,7 +174,9 @@ class StructuredOutputManager:
         "A fresh matcher for one request."
         import xgrammar as xgr
 
-        return Grammar(xgr.GrammarMatcher(self.compile(guided)))
+        grammar = Grammar(xgr.GrammarMatcher(self.compile(guided)))
+        grammar.check_start(self.vocab_size)
+        return grammar
 
 
 def apply_grammars(logits: torch.Tensor, sampled: SampleRows):

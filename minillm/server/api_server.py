@@ -24,6 +24,7 @@ from .completions import add_completion_routes
 from .embeddings import EmbeddingRequest, PoolerConfig, add_embedding_routes
 from .metrics import ServerMetrics
 from .protocol import APIError, ServerLimits, validation_message
+from .reasoning_parsers import REASONING_PARSERS
 from .responses import add_responses_routes
 from .serving import BodyLimit, RootPath, ServerContext, error_response
 from .tokenize import add_tokenize_routes
@@ -45,14 +46,18 @@ def build_app(
     pooler_config: dict | None = None,
     enable_tokenizer_info: bool = False,
     root_path: str = "",
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
-    """An OpenAI-compatible FastAPI app around `engine`. The last seven are vLLM's flags of the
+    """An OpenAI-compatible FastAPI app around `engine`. The last eight are vLLM's flags of the
     same names (chapter 12b): tool_choice 'auto', the model's tool-call format, a chat template
     (a file or the template itself) in place of the model's, whether content parts reach it as a
     list, how embeddings are pooled, GET /tokenizer_info, and the path prefix a proxy serves the
-    API under (paths with or without it are answered)."""
+    API under (paths with or without it are answered), and how the model's reasoning is told
+    from its answer."""
     if tool_call_parser not in TOOL_PARSERS:
         raise ValueError(f"--tool-call-parser is one of {', '.join(TOOL_PARSERS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser is one of {', '.join(REASONING_PARSERS)}")
     pooler = PoolerConfig(**(pooler_config or {}))
     aeng = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine)
     if chat_template is not None:
@@ -60,8 +65,10 @@ def build_app(
     parts = content_format(aeng.engine.tokenizer, chat_template_content_format) == "openai"
     name = served_model_name or aeng.engine.model_name
     parser = TOOL_PARSERS[tool_call_parser]
+    thinking = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
     limits = limits or ServerLimits()
-    ctx = ServerContext(aeng, name, limits, api_key, enable_auto_tool_choice, parser, parts)
+    args = aeng, name, limits, api_key, enable_auto_tool_choice, parser, parts, thinking
+    ctx = ServerContext(*args)
     aeng.on_step, aeng.on_abort = ctx.metrics.on_step, ctx.metrics.finished.labels("abort").inc
 
     @asynccontextmanager

@@ -193,7 +193,8 @@ class OutputExtras:
         if self.chat:
             if self.num_top is not None:
                 choice["logprobs"] = chat_logprobs(entries, self.num_top, self.texts)
-            self._tool_calls(choice, choice["message"], out.text, out.finish_reason)
+            text = choice["message"]["content"] or ""  # (the answer less its reasoning)
+            self._tool_calls(choice, choice["message"], text, out.finish_reason)
             if self.echoed:
                 choice["message"]["content"] = self.echoed + (choice["message"]["content"] or "")
             return choice
@@ -225,8 +226,11 @@ class OutputExtras:
             )
         return top
 
-    def stream(self, index: int, out, delta: dict, first: bool) -> tuple[dict, dict, str | None]:
-        "The delta, extra choice fields and finish reason of one streamed output."
+    def stream(
+        self, index: int, out, delta: dict, first: bool, text: str
+    ) -> tuple[dict, dict, str | None]:
+        """The delta, extra choice fields and finish reason of one streamed output; `text`: its new
+        content (the delta's text less any reasoning split off)."""
         extra, finish = {}, out.finish_reason if out.finished else None
         entries = out.delta_logprobs
         if self.want_token_ids:
@@ -241,13 +245,13 @@ class OutputExtras:
             if self.tool_mode == "none":
                 return delta, extra, finish
             if self.tool_mode == "auto":
-                return self._stream_auto(index, out, extra, finish)
+                return self._stream_auto(index, out, text, extra, finish)
             if self.tool_mode != "required":  # a named function: arguments stream
-                call = {"index": 0, "function": {"arguments": out.delta_text}}
+                call = {"index": 0, "function": {"arguments": text}}
                 if first:
-                    call = tool_call(self.tool_mode, out.delta_text) | {"index": 0}
+                    call = tool_call(self.tool_mode, text) | {"index": 0}
                 return {"tool_calls": [call]}, extra, finish
-            self.buffered[index] = self.buffered.get(index, "") + out.delta_text
+            self.buffered[index] = self.buffered.get(index, "") + text
             if not out.finished:
                 return {}, extra, None
             message = {}
@@ -281,10 +285,10 @@ class OutputExtras:
             )
         return delta, extra, finish
 
-    def _stream_auto(self, index: int, out, extra: dict, finish: str | None):
+    def _stream_auto(self, index: int, out, text: str, extra: dict, finish: str | None):
         "Under 'auto': text as it comes, each call once it closes (the parser holds back the rest)."
         parser = self.parsers.setdefault(index, self.parser())
-        content, calls = parser.feed(out.delta_text)
+        content, calls = parser.feed(text)
         if out.finished:
             rest, more = parser.finish()
             content, calls = content + rest, calls + more

@@ -71,8 +71,7 @@ UNSUPPORTED = {
     "watermarking": ("watermarking", (False,)),
     "spaces_between_special_tokens": ("spaces between special tokens", (True,)),
     "allowed_token_ids": ("allowed_token_ids (use logit_bias)", ()),
-    "thinking_token_budget": ("a thinking budget (there is no reasoning parser)", ()),
-    "include_reasoning": ("reasoning content (there is no reasoning parser)", (True,)),
+    "thinking_token_budget": ("a thinking budget", ()),
     "chat_template": ("per-request chat templates", ()),
     "media_io_kwargs": ("other modalities", ({},)),
     "mm_processor_kwargs": ("other modalities", ({},)),
@@ -94,6 +93,8 @@ UNSUPPORTED = {
     "session_params": ("SGLang's sessions", ({},)),
     "regex": ("SGLang's regex; use structured_outputs", ()),
     "ebnf": ("SGLang's ebnf; use structured_outputs", ()),
+    "separate_reasoning": ("reasoning left in the content (SGLang's)", (True,)),
+    "stream_reasoning": ("reasoning sent at the end (SGLang's)", (True,)),
 }
 # fields that cannot change what minillm returns: accepted, with the reason
 INERT = {
@@ -104,9 +105,6 @@ INERT = {
     "stream_interval": "tokens per streamed chunk: minillm sends each step's tokens, same text",
     "return_token_offsets": "vLLM reads it on its /render endpoints only",
     "return_mm_kwargs": "vLLM reads it on its /render endpoints only",
-    "separate_reasoning": "SGLang's split of reasoning from content; without a reasoning parser "
-    "there is nothing to split",
-    "stream_reasoning": "SGLang's streaming of reasoning; without a reasoning parser there is none",
 }
 
 
@@ -283,9 +281,13 @@ class ChatMessage(BaseModel):
         text = self.text()  # checks every part
         listed = parts and isinstance(self.content, list)
         message = {"role": role, "content": [dict(p) for p in self.content] if listed else text}
+        extra = self.model_extra or {}
         for key in ("tool_calls", "tool_call_id", "name"):  # earlier tool calls and their results
-            if (self.model_extra or {}).get(key) is not None:
-                message[key] = self.model_extra[key]
+            if extra.get(key) is not None:
+                message[key] = extra[key]
+        reasoning = extra.get("reasoning_content", extra.get("reasoning"))  # a reasoning answer's
+        if reasoning is not None:  # thinking, which Qwen3's template reads back (or drops)
+            message["reasoning_content"] = reasoning
         return message
 
     def text(self) -> str:
@@ -342,6 +344,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
     reasoning_effort: str | None = None
+    include_reasoning: bool = True  # with a reasoning parser (chapter 12b): False drops it
 
     def tool_mode(self, auto_tools: bool) -> str:
         "none, auto, required or the forced function's name (chapter 12b); APIError if impossible."

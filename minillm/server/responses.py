@@ -122,7 +122,7 @@ class ResponsesRequest(BaseModel):
         return {k: v for k, v in (self.model_extra or {}).items() if k not in SAMPLING_EXTRAS}
 
     def check_reasoning(self):
-        "Refuse what asks for reasoning this model does not do, or for an output it cannot include."
+        "Refuse what asks for reasoning's effort or summary, or for an output it cannot include."
         asked = [x for x in self.include or [] if x not in INCLUDABLE]
         if asked:
             message = f"include {asked[0]!r} is not supported; minillm includes {LOGPROBS!r}"
@@ -130,8 +130,8 @@ class ResponsesRequest(BaseModel):
         effort = (self.reasoning or {}).get("effort")
         summary = (self.reasoning or {}).get("summary")
         if effort not in NO_REASONING or summary is not None:
-            message = "this model does not reason: reasoning.effort may only be none or minimal"
-            message += ", and reasoning.summary is not produced"
+            message = "reasoning.effort may only be none or minimal (minillm sets no effort), and "
+            message += "reasoning.summary is not produced (--reasoning-parser gives the text)"
             raise APIError(400, message, param="reasoning")
         if self.background and not self.store:
             message = "background can only be used when store is true"
@@ -173,16 +173,24 @@ def _text(content, where: str) -> str:
 
 def _add_item(messages: list[dict], item: dict, i: int):
     """One input item as chat messages: a message, a function call (the assistant's) or its
-    output; an empty reasoning item (what clients replay) adds nothing."""
+    output, or the reasoning before them (the next assistant turn's `reasoning_content`; an empty
+    one, which clients replay, adds nothing)."""
     where = f"input[{i}]"
     kind = item.get("type", "message") if isinstance(item, dict) else None
+    last = messages[-1] if messages else {}
+    thought = last.get("role") == "assistant" and last.get("content") is None  # (and no call yet)
+    thought = thought and "reasoning_content" in last and "tool_calls" not in last
     if kind == "message":
-        messages.append({"role": item.get("role"), "content": _text(item.get("content"), where)})
+        text = _text(item.get("content"), where)
+        if thought and item.get("role") == "assistant":
+            last["content"] = text
+        else:
+            messages.append({"role": item.get("role"), "content": text})
     elif kind == "function_call":
         call = {"id": item.get("call_id"), "type": "function"}
         call["function"] = {"name": item.get("name"), "arguments": item.get("arguments", "{}")}
-        if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
-            messages[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+        if thought or (last.get("role") == "assistant" and "tool_calls" in last):
+            last.setdefault("tool_calls", []).append(call)  # parallel calls: one assistant turn
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
@@ -190,14 +198,18 @@ def _add_item(messages: list[dict], item: dict, i: int):
         content = output if isinstance(output, str) else _text(output, where)
         messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
     elif kind == "reasoning":
-        if item.get("summary") or item.get("content") or item.get("encrypted_content"):
-            message = f"{where}: this model does not reason, and cannot read reasoning text"
+        if item.get("encrypted_content"):
+            message = f"{where}: minillm encrypts no reasoning and cannot read it; send its text"
             raise APIError(400, message, param="input")
+        parts = item.get("content") or item.get("summary") or []
+        text = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+        if text:
+            messages.append({"role": "assistant", "content": None, "reasoning_content": text})
     else:
         raise APIError(
             400,
             f"{where}.type {kind!r} is not supported: send message, function_call, "
-            "function_call_output or (empty) reasoning items",
+            "function_call_output or reasoning items",
             param="input",
         )
 
@@ -245,7 +257,7 @@ class ResponsesShape:
         "The response object of a finished chat completion."
         choice = chat["choices"][0]
         message = choice["message"]
-        output = []
+        output = [_reasoning_item(message["reasoning"])] if message.get("reasoning") else []
         # an answer cut at max_output_tokens is still a message, if only an empty one (a cut
         # 'required' call, chapter 12b, leaves content ""), as OpenAI's incomplete responses are
         cut = choice["finish_reason"] == "length" and not message.get("tool_calls")
@@ -266,7 +278,7 @@ class ResponsesShape:
         """The SSE events of a streamed response, from chapter 9's chat chunks: created, then for
         each output item its added, delta and done events, then completed (or incomplete)."""
         self.sequence, self.output, self.calls = 0, [], {}
-        self.text_item = finish = usage = None
+        self.text_item = self.reasoning_item = finish = usage = None
         yield self._event("response.created", response=self.response([], None, None))
         yield self._event("response.in_progress", response=self.response([], None, None))
         async for chunk in chunks:
@@ -277,6 +289,8 @@ class ResponsesShape:
             for choice in chunk["choices"]:
                 delta = choice.get("delta") or {}
                 finish = choice.get("finish_reason") or finish
+                for event in self._reasoning(delta.get("reasoning")):
+                    yield event
                 for event in self._text(delta.get("content"), _logprobs(choice)):
                     yield event
                 for call in delta.get("tool_calls") or []:
@@ -311,6 +325,18 @@ class ResponsesShape:
         kind = "response.output_text.delta"
         return events + [self._event(kind, **self._at(), delta=text, logprobs=logprobs)]
 
+    def _reasoning(self, text: str | None) -> list[str]:
+        "Events for a piece of the model's reasoning: its item opens at the first piece."
+        if not text:
+            return []
+        events = []
+        if self.reasoning_item is None:
+            self.reasoning_item = _reasoning_item("", "in_progress")
+            events.append(self._added(self.reasoning_item))
+        self.reasoning_item["content"][0]["text"] += text
+        where = self._item_at(self.reasoning_item) | {"content_index": 0}
+        return events + [self._event("response.reasoning_text.delta", **where, delta=text)]
+
     def _call(self, call: dict) -> list[str]:
         "Events for a streamed tool call: its item opens with its first chunk."
         f = call.get("function") or {}
@@ -322,7 +348,7 @@ class ResponsesShape:
         item = self.calls[call["index"]]
         if f.get("arguments"):
             item["arguments"] += f["arguments"]
-            where = {"item_id": item["id"], "output_index": self.output.index(item)}
+            where = self._item_at(item)
             kind = "response.function_call_arguments.delta"
             events.append(self._event(kind, **where, delta=f["arguments"]))
         return events
@@ -337,8 +363,12 @@ class ResponsesShape:
                 where = self._at()
                 events.append(self._event("response.output_text.done", **where, text=part["text"]))
                 events.append(self._event("response.content_part.done", **where, part=part))
+            elif item["type"] == "reasoning":
+                where = self._item_at(item) | {"content_index": 0}
+                text = item["content"][0]["text"]
+                events.append(self._event("response.reasoning_text.done", **where, text=text))
             else:
-                where = {"item_id": item["id"], "output_index": index}
+                where = self._item_at(item)
                 done = {"name": item["name"], "arguments": item["arguments"]}
                 events.append(self._event("response.function_call_arguments.done", **where, **done))
             events.append(self._event("response.output_item.done", output_index=index, item=item))
@@ -387,8 +417,10 @@ class ResponsesShape:
 
     def _at(self) -> dict:
         "Where the answer's text is: its message item, the item's place in the output, one part."
-        item = self.text_item
-        return {"item_id": item["id"], "output_index": self.output.index(item), "content_index": 0}
+        return self._item_at(self.text_item) | {"content_index": 0}
+
+    def _item_at(self, item: dict) -> dict:
+        return {"item_id": item["id"], "output_index": self.output.index(item)}
 
 
 def _logprobs(choice: dict) -> list:
@@ -413,6 +445,13 @@ def _message_item(text: str, status: str = "completed", logprobs: list | None = 
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     item = {"type": "message", "id": "msg_" + uuid.uuid4().hex, "status": status}
     return item | {"role": "assistant", "content": [part]}
+
+
+def _reasoning_item(text: str, status: str = "completed") -> dict:
+    "The model's reasoning, as one reasoning_text part (no summary: none is written)."
+    content = [{"type": "reasoning_text", "text": text}]
+    item = {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "status": status}
+    return item | {"summary": [], "content": content}
 
 
 def _call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict:

@@ -264,10 +264,12 @@ class Responder:
         extras=None,
         request_id: str | None = None,
         reshape=None,
+        reasoning=None,
     ):
         self.aeng, self.admission, self.name, self.chat, self.n = aeng, admission, name, chat, n
         self.extras = extras  # chapter 12b's logprobs, echo and tool calls, when asked for
         self.reshape = reshape  # chapter 12b's Responses API: the same answer in another shape
+        self.reasoning = reasoning  # chapter 12b's reasoning, split from the answers
         self.id = ("chatcmpl-" if chat else "cmpl-") + (request_id or uuid.uuid4().hex)
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -320,7 +322,9 @@ class Responder:
             choice = {"index": index, "finish_reason": o.finish_reason, "logprobs": None}
             choice["stop_reason"] = o.outputs[0].stop_reason  # the stop string or token id
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": o.text, **EMPTY_MESSAGE}
+                fields, text = self.reasoning.complete(o.text) if self.reasoning else ({}, o.text)
+                choice["message"] = {"role": "assistant", "content": text, **fields}
+                choice["message"] |= EMPTY_MESSAGE
             else:  # vLLM sends the keys of chapter 12b's return_token_ids always
                 choice |= {"text": o.text, "token_ids": None, "prompt_token_ids": None}
             choices.append(self.extras.complete(choice, o) if self.extras else choice)
@@ -361,14 +365,19 @@ class Responder:
                 usage = {"usage": _usage(last, self.n, produced)} if continuous else {}
                 finish = out.finish_reason if out.finished else None
                 stop = {"stop_reason": out.outputs[0].stop_reason} if out.finished else {}
+                fields, text = {}, out.delta_text
+                if self.reasoning:  # (chat only) what the model thought, then its answer
+                    fields, text = self.reasoning.stream(index, text, out.finished)
                 if self.extras:  # logprobs, echo, tool calls
                     delta, extra, finish = self.extras.stream(
-                        index, out, self._delta(out.delta_text), out.first_output
+                        index, out, self._delta(text), out.first_output, text
                     )
+                    delta = fields | delta
                     if delta or extra.get("logprobs") or extra.get("token_ids") or finish:
                         yield self._chunk(index, delta, finish, extra | stop, top=usage)
-                elif out.delta_text or out.finished:
-                    yield self._chunk(index, self._delta(out.delta_text), finish, stop, top=usage)
+                elif fields or text or out.finished:
+                    delta = fields | self._delta(text)
+                    yield self._chunk(index, delta, finish, stop, top=usage)
         except Exception as e:
             # a failed request (or a dead engine) ends the stream with an error event
             yield _error_of(e).body()
@@ -420,6 +429,7 @@ class ServerContext:
         enable_auto_tool_choice: bool = False,
         parser=None,
         parts: bool = False,
+        reasoning_parser=None,
     ):
         self.aeng, self.name, self.limits, self.api_key = aeng, name, limits, api_key
         self.metrics = ServerMetrics(name, aeng.engine.max_model_len)
@@ -428,6 +438,7 @@ class ServerContext:
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.parser = parser  # the model's tool-call format
         self.parts = parts  # do content parts reach the chat template as a list?
+        self.reasoning_parser = reasoning_parser  # chapter 12b's, or None: answers are not split
 
     @property
     def tokenizer(self):
@@ -457,6 +468,15 @@ class ServerContext:
 
         return output_extras(body, chat, tool_mode, self.tokenizer, self.parser)
 
+    def reasoning(self, body, chat: bool, params: SamplingParams):
+        "Chapter 12b: how a chat's answers are split into reasoning and content, or None."
+        if not chat or self.reasoning_parser is None:
+            return None
+        from minillm.server.reasoning_parsers import request_reasoning
+
+        grammar = params.guided_decoding is not None
+        return request_reasoning(body, self.reasoning_parser, grammar)
+
     def chat_input(self, messages: list[dict], tools: list | None, tool_mode: str):
         "Chapter 12b: the messages and tools the chat template gets."
         from minillm.server.tool_parsers import chat_input
@@ -485,6 +505,7 @@ class ServerContext:
         `chats` rendered by the chat template, or the token ids in `prompts` (chapter 12b)."""
         admission = self.admission
         admission.check_queue(len(prompts) * params.n)
+        reasoning = self.reasoning(body, chat, params)  # (refused before anything runs)
         kv_params, options = body.kv_transfer_params, self.prompt_options(body)
         reqs = await admission.requests(prompts, params, chats, tools, kv_params, options)
         # the queue may have filled while this request was tokenized
@@ -493,7 +514,7 @@ class ServerContext:
             self.metrics.observe_admitted(params.n, req.max_tokens)
         extras = self.output_extras(body, chat, tool_mode)
         args = self.aeng, admission, self.name, chat, params.n, extras, body.request_id, reshape
-        return await Responder(*args).respond(raw, reqs, body)
+        return await Responder(*args, reasoning).respond(raw, reqs, body)
 
     def rendered(self, body: ChatCompletionRequest, tool_mode: str):
         "A chat's prompts (None where a conversation is rendered), its conversations and tools."

@@ -9,6 +9,7 @@ __all__ = [
     "ToolParser",
     "HermesToolParser",
     "Llama3JsonToolParser",
+    "partial_suffix",
     "tools_in_prompt",
     "rebased_refs",
     "tool_call_schema",
@@ -127,7 +128,7 @@ class HermesToolParser(ToolParser):
                 continue
             opening = self.buffer.find(self.start)
             if opening < 0:
-                cut = len(self.buffer) - _partial_suffix(self.buffer, self.start)
+                cut = len(self.buffer) - partial_suffix(self.buffer, self.start)
                 out.append(self._content(self.buffer[:cut]))
                 self.buffer = self.buffer[cut:]
                 return "".join(out), calls
@@ -195,7 +196,7 @@ class Llama3JsonToolParser(ToolParser):
             return "", []
         self.head += text
         stripped = self.head.lstrip()
-        if not stripped or _partial_suffix(stripped, self.tag) == len(stripped):
+        if not stripped or partial_suffix(stripped, self.tag) == len(stripped):
             return "", []  # too early to tell
         if stripped.startswith(self.tag) or stripped.startswith("{"):
             self.mode, self.buffer = "calls", self.head
@@ -230,7 +231,7 @@ class Llama3JsonToolParser(ToolParser):
 TOOL_PARSERS = {p.name: p for p in (HermesToolParser, Llama3JsonToolParser)}
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     "The length of the longest end of `text` that begins `tag` (a tag that may be arriving)."
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
