@@ -39,10 +39,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 def config_dir(path, fields: dict):
     "A model directory without weights: its config, generation config and a word tokenizer."
-    AutoConfig.for_model(**fields).save_pretrained(path)
-    GenerationConfig(eos_token_id=1, pad_token_id=0).save_pretrained(path)
-    word_tokenizer(fields["vocab_size"]).save_pretrained(path)
-    return path
+    return random_model_dir(path, fields, weights=False)
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))

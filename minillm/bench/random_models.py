@@ -77,19 +77,22 @@ def word_tokenizer(vocab_size: int):
 
 
 def random_model_dir(
-    path, shape: str | dict, seed: int = 0, device: str = "cpu", **overrides
+    path, shape: str | dict, seed: int = 0, device: str = "cpu", weights: bool = True, **overrides
 ) -> Path:
     """Write a model directory with random weights and the config of `shape` (a MODEL_SHAPES name or
-    a dict)."""
+    a dict); `weights=False`: the config and tokenizer alone, for `load_format="dummy"`."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     path = Path(path)
     fields = {**(MODEL_SHAPES[shape] if isinstance(shape, str) else shape), **overrides}
     config = AutoConfig.for_model(**fields)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(path)
+    if weights:
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.save_pretrained(path)
+    else:
+        config.save_pretrained(path)
     GenerationConfig(eos_token_id=1, pad_token_id=0).save_pretrained(path)
     word_tokenizer(config.vocab_size).save_pretrained(path)
     return path
