@@ -665,10 +665,6 @@ d = {
                 "model_runner.html#kvcacheconfig.graph_inputs",
                 "minillm/core/kv_cache_config.py",
             ),
-            "minillm.core.kv_cache_config.KVCacheConfig.graph_refusal": (
-                "model_runner.html#kvcacheconfig.graph_refusal",
-                "minillm/core/kv_cache_config.py",
-            ),
             "minillm.core.kv_cache_config.KVCacheConfig.hybrid": (
                 "model_runner.html#kvcacheconfig.hybrid",
                 "minillm/core/kv_cache_config.py",
@@ -856,6 +852,10 @@ d = {
             ),
             "minillm.core.state_cache.StateBatch._read": (
                 "linear_attention.html#statebatch._read",
+                "minillm/core/state_cache.py",
+            ),
+            "minillm.core.state_cache.StateBatch.captured": (
+                "linear_attention.html#statebatch.captured",
                 "minillm/core/state_cache.py",
             ),
             "minillm.core.state_cache.StateBatch.conv": (
@@ -1451,6 +1451,14 @@ d = {
             ),
             "minillm.engine.cuda_graphs.CUDAGraphDecoder._decode_step": (
                 "cuda_graphs.html#cudagraphdecoder._decode_step",
+                "minillm/engine/cuda_graphs.py",
+            ),
+            "minillm.engine.cuda_graphs.CUDAGraphDecoder._set_states": (
+                "cuda_graphs.html#cudagraphdecoder._set_states",
+                "minillm/engine/cuda_graphs.py",
+            ),
+            "minillm.engine.cuda_graphs.CUDAGraphDecoder._take_pending": (
+                "cuda_graphs.html#cudagraphdecoder._take_pending",
                 "minillm/engine/cuda_graphs.py",
             ),
             "minillm.engine.cuda_graphs.CUDAGraphDecoder.can_run": (

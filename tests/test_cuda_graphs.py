@@ -3,11 +3,18 @@
 On a GPU the engine captures and replays real graphs; on CPU the same static buffers and padding
 run without capture, under the Triton interpreter."""
 
+import random
+
+import pytest
 import torch
 from helpers import hf_greedy
+from test_hybrid_models import GEMMA3, SMOLLM3
+from test_linear_attention import QWEN3_5
 
 from minillm import LLM, SamplingParams
+from minillm.bench.random_models import random_model_dir
 from minillm.engine.cuda_graphs import CUDAGraphDecoder
+from minillm.loader import load_hf_model
 
 
 def graph_llm(path, **kw) -> LLM:
@@ -27,7 +34,12 @@ def graph_llm(path, **kw) -> LLM:
     if engine.runner.graphs is None:  # CPU: no capture, the same data path
         assert engine.config.enforce_eager and engine.runner.device.type == "cpu"
         engine.runner.graphs = CUDAGraphDecoder(
-            engine.model, engine.runner.cache, 4, engine.max_model_len, capture=False
+            engine.model,
+            engine.runner.cache,
+            4,
+            engine.max_model_len,
+            capture=False,
+            states=engine.runner.states,
         )
     return llm
 
@@ -75,3 +87,46 @@ def test_speculative_verification_is_not_a_decode_batch(random_llama):
     assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts + prompts[:3]]
     assert llm.engine.scheduler.num_accepted_tokens > 0  # drafts were verified, and kept
     assert llm.engine.block_manager.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("family", ["gemma3", "smollm3"])
+def test_sliding_windows_and_rope_free_layers_through_graphs(family, tmp_path):
+    """Gemma 3's five sliding-window layers to one global (two KV cache groups, each with its own
+    static block tables in the graphs) and SmolLM3's layers without RoPE: decode steps through the
+    graphs give transformers' tokens, prompts and outputs running far past the window."""
+    shape = {"gemma3": GEMMA3, "smollm3": SMOLLM3}[family]
+    path = random_model_dir(tmp_path, shape, seed=1)
+    hf = load_hf_model(path)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (3, 9, 30, 17)]
+    llm = graph_llm(path)
+    graphs, served = llm.engine.runner.graphs, []
+    run = graphs.run
+    graphs.run = lambda batch: served.append(len(batch.group_metadata)) or run(batch)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts]
+    groups = len(llm.engine.runner.kv_config.groups)
+    assert served and set(served) == {groups - 1}, "every decode step, all its groups, replayed"
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+def test_recurrent_states_through_graphs(tmp_path):
+    """Qwen3.5's Gated DeltaNet layers under the graphs: each row's state slot and freshness from
+    static buffers, padding rows on the scratch slot, the new states committed after the step;
+    a one-token prompt (its first step a decode-shaped batch that starts from nothing) included.
+    Six prompts through four rows: sequences finish and others take their slots."""
+    path = random_model_dir(tmp_path, QWEN3_5, seed=1)
+    hf = load_hf_model(path)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (1, 9, 30, 4, 17, 2)]
+    llm = graph_llm(path)
+    graphs, served = llm.engine.runner.graphs, []
+    run = graphs.run
+    graphs.run = lambda batch: served.append(len(batch.input_ids)) or run(batch)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 12) for p in prompts]
+    assert served and max(served) == 4
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and len(bm.free_slots) == bm.num_slots

@@ -99,14 +99,6 @@ class KVCacheConfig:
             return StateSlotManager(cache.num_blocks, cache.block_size, states.num_slots)
         return BlockManager(cache.num_blocks, cache.block_size, prefix_caching)
 
-    def graph_refusal(self) -> str | None:
-        "Why a captured decode step cannot serve these layers yet (None: it can)."
-        if self.hybrid:
-            return "its layers' windows differ (a graph reads one KV cache group's block tables)"
-        if self.state_layers:
-            return "its recurrent layers' states (a graph reads no state slots yet)"
-        return None
-
     def graph_inputs(self, max_batch: int, max_model_len: int, device) -> GraphKVInputs:
         "Zeroed static buffers for a captured decode step of up to `max_batch` sequences."
         shape = (max_batch, cdiv(max_model_len, self.block_size))

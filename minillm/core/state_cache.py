@@ -23,17 +23,21 @@ class StatePool:
     model's dtype, the delta rule's state in float32 (it sums the whole past, every token). A
     step's new states wait in `pending` until `commit`: a step that fails after some layers (or in
     sampling) leaves every state as it was, so the step can run again (K/V writes can repeat; a
-    state update cannot)."""
+    state update cannot). One more slot than the sequences' is no sequence's: the padding rows of a
+    captured decode step (chapter 8c) read and write it."""
 
     def __init__(self, cfg, num_slots: int, dtype, device):
         conv, rule = cfg.state_shapes
-        self.conv = torch.zeros(cfg.state_layers, num_slots, *conv, dtype=dtype, device=device)
-        self.rule = torch.zeros(cfg.state_layers, num_slots, *rule, device=device)
+        shape = (cfg.state_layers, num_slots + 1)
+        self.conv = torch.zeros(*shape, *conv, dtype=dtype, device=device)
+        self.rule = torch.zeros(*shape, *rule, device=device)
         self.pending: list[tuple] = []  # (pool tensor, slot index, new states)
+        self.scratch = num_slots  # the slot no sequence holds
 
     @property
     def num_slots(self) -> int:
-        return self.rule.shape[1]
+        "The sequences' slots (the scratch slot aside)."
+        return self.rule.shape[1] - 1
 
     @property
     def nbytes(self) -> int:
@@ -72,6 +76,15 @@ class StateBatch:
     starts: list[int]
     lens: list[int]
     fresh: list[bool]
+
+    @classmethod
+    def captured(cls, pool: StatePool, slots: torch.Tensor, fresh: torch.Tensor) -> "StateBatch":
+        """A captured decode step's view (chapter 8c): one token a row, the rows' slots and
+        whether they start from nothing read from static buffers that each replay refills."""
+        n = len(slots)
+        batch = cls(pool, [pool.scratch] * n, list(range(n)), [1] * n, [False] * n)
+        batch.one_slots, batch.one_fresh = slots, fresh
+        return batch
 
     def __post_init__(self):
         single = [s for s, n in enumerate(self.lens) if n == 1]

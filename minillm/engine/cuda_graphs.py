@@ -6,12 +6,15 @@
 __all__ = ["graph_batch_sizes", "CUDAGraphDecoder"]
 
 # %% ../../nbs/08c_cuda_graphs.ipynb #3680f99b
+from dataclasses import replace
+
 import torch
 
 from ..attention.input_batch import FlatBatch
 from ..attention.paged import AttentionMetadata, PagedAttention
 from ..core.kv_cache import PagedKVCache
 from ..core.kv_cache_config import KVCacheConfig
+from ..core.state_cache import StateBatch, StatePool
 from .assembly import load_attention_backend
 
 
@@ -25,10 +28,20 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 # %% ../../nbs/08c_cuda_graphs.ipynb #2495cfb7
 class CUDAGraphDecoder:
     """Decode steps (one new token per sequence) replayed from graphs captured once per padded batch
-    size."""
+    size. Each KV cache group (chapter 15: layers with another sliding window) has its own static
+    block tables and slots; the windows themselves are applied by the kernels from the context
+    lengths, so one graph serves every step. Recurrent layers' states (chapter 15b) are read and
+    written through a static buffer of slots; padding rows use the pool's scratch slot, and the
+    step's new states are committed after the replay, as after an eager step."""
 
     def __init__(
-        self, model, cache: PagedKVCache, max_batch: int, max_model_len: int, capture: bool = True
+        self,
+        model,
+        cache: PagedKVCache,
+        max_batch: int,
+        max_model_len: int,
+        capture: bool = True,
+        states: StatePool | None = None,
     ):
         device = cache.k.device
         self.model, self.cache, self.capture = model, cache, capture
@@ -36,43 +49,55 @@ class CUDAGraphDecoder:
         i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.long, device=device)
         self.context_lens = torch.zeros(max_batch, **i32)
         kv_config = KVCacheConfig(model.config, cache.block_size, cache.dtype)
         self.kv = kv_config.graph_inputs(max_batch, max_model_len, device)
-        refusal = kv_config.graph_refusal()
-        if refusal is not None:
-            raise ValueError(f"CUDA graphs cannot serve {model.config.architecture}: {refusal}")
-        self.block_tables = self.kv.block_tables[0]
+        if kv_config.state_layers and states is None:
+            raise ValueError(f"{model.config.architecture} keeps recurrent states: pass `states`")
+        self.states = states
+        self.fresh = torch.ones(max_batch, dtype=torch.bool, device=device)  # state from nothing
+        self.block_tables = self.kv.block_tables  # one per KV cache group, and a slot mapping
+        self.slot_mappings = [
+            torch.full((max_batch,), -1, dtype=torch.long, device=device) for _ in self.block_tables
+        ]
         self.cu_seqlens_q = torch.arange(max_batch + 1, **i32)
         self.logits_buffer = torch.empty(
             max_batch, model.config.vocab_size, dtype=torch.float32, device=device
         )
-        self.steps, self.logits, self.graphs, pool = {}, {}, {}, None
+        self.steps, self.logits, self.graphs, self.pending, pool = {}, {}, {}, {}, None
         with torch.inference_mode():  # no autograd state recorded into the graphs
             # largest first: the smaller graphs reuse its memory pool
             for bs in reversed(self.batch_sizes):
                 self.steps[bs] = step = self._decode_step(bs, max_model_len)
                 self.logits[bs] = step()  # warm-up: compiles the kernels, allocates split-K scratch
+                self._take_pending()  # (the warm-up's new states are not kept)
                 if capture:
                     torch.cuda.synchronize(device)
                     self.graphs[bs] = graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool):
                         self.logits[bs] = step()
                     pool = graph.pool()
+                    self.pending[bs] = self._take_pending()  # the graph's outputs: new states
 
     def _decode_step(self, bs: int, max_model_len: int):
         md = AttentionMetadata(
             cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
             context_lens=self.context_lens[:bs],
-            block_tables=self.block_tables[:bs],
-            slot_mapping=self.slot_mapping[:bs],
+            block_tables=self.block_tables[0][:bs],
+            slot_mapping=self.slot_mappings[0][:bs],
             query_lens=[1] * bs,
             context_lens_list=[max_model_len] * bs,
             query_starts=list(range(bs)),
         )
+        groups = [  # KV cache groups 1, 2, ...: the same batch, their own tables and slots
+            replace(md, block_tables=tables[:bs], slot_mapping=slots[:bs])
+            for tables, slots in zip(self.block_tables[1:], self.slot_mappings[1:])
+        ]
+        states = self.states and StateBatch.captured(
+            self.states, self.kv.state_slots[:bs], self.fresh[:bs]
+        )
         # its plan and split-K: fixed here, once per captured batch size
-        attn = PagedAttention(self.cache, md, load_attention_backend("triton"))
+        attn = PagedAttention(self.cache, md, load_attention_backend("triton"), groups, states)
         out = self.logits_buffer[:bs]
 
         # the logits land in one buffer shared by every graph: no per-size [bs, vocab] copy
@@ -86,15 +111,23 @@ class CUDAGraphDecoder:
 
         return step
 
+    def _take_pending(self) -> list:
+        "The new states a step left to commit (none without recurrent layers), taken."
+        if self.states is None:
+            return []
+        pending, self.states.pending = self.states.pending, []
+        return pending
+
     def can_run(self, batch: FlatBatch) -> bool:
         """Is `batch` a decode batch a graph serves: one new token per sequence (a verification
         batch, chapter 12, also has logits at every token, but several tokens per sequence), no
         more sequences than the largest graph, block tables no wider than its own?"""
-        n = len(batch.input_ids)
+        n, groups = len(batch.input_ids), [batch.metadata, *batch.group_metadata]
+        width = self.block_tables[0].shape[1]
         return (
             len(batch.logits_indices) == len(batch.metadata.context_lens) == n
             and n <= self.batch_sizes[-1]
-            and batch.metadata.block_tables.shape[1] <= self.block_tables.shape[1]
+            and all(md.block_tables.shape[1] <= width for md in groups)
         )
 
     def run(self, batch: FlatBatch) -> torch.Tensor:
@@ -104,13 +137,27 @@ class CUDAGraphDecoder:
         bs = next(b for b in self.batch_sizes if b >= n)
         self.input_ids[:n] = batch.input_ids
         self.positions[:n] = batch.positions
-        self.slot_mapping[:n] = md.slot_mapping
-        self.slot_mapping[n:bs] = -1  # padding rows store nothing...
         self.context_lens[:n] = md.context_lens
-        self.context_lens[n:bs] = 0  # ...and attend to nothing
-        self.block_tables[:n, : md.block_tables.shape[1]] = md.block_tables
+        self.context_lens[n:bs] = 0  # padding rows attend to nothing...
+        groups = [md, *batch.group_metadata]
+        for group, tables, slots in zip(groups, self.block_tables, self.slot_mappings):
+            slots[:n] = group.slot_mapping
+            slots[n:bs] = -1  # ...and store nothing
+            tables[:n, : group.block_tables.shape[1]] = group.block_tables
+        if self.states is not None:
+            self._set_states(batch, n, bs)
         if self.capture:
             self.graphs[bs].replay()
         else:
             self.logits[bs] = self.steps[bs]()
         return self.logits[bs][:n]
+
+    def _set_states(self, batch: FlatBatch, n: int, bs: int):
+        """The rows' state slots (padding rows: the scratch slot), whether each starts from nothing
+        (a one-token prompt), and the new states the runner commits after this step."""
+        slots = self.kv.state_slots
+        slots[:n] = torch.tensor(batch.state_slots, dtype=torch.long)
+        slots[n:bs] = self.states.scratch
+        self.fresh[:n] = batch.metadata.context_lens == 1
+        self.fresh[n:bs] = True
+        self.states.pending = list(self.pending[bs]) if self.capture else []

@@ -167,8 +167,7 @@ class ModelRunner:
         self.cache = self.kv_config.make_pool(num_blocks, self.device)
         self.states = self.kv_config.make_states(max_num_seqs, self.device)
         self.graphs = None
-        on_gpu = self.device.type == "cuda" and self.attention_backend == "triton"
-        if cuda_graph_max_batch and on_gpu:
+        if cuda_graph_max_batch and self.device.type == "cuda":
             self._capture_graphs(cuda_graph_max_batch, max_model_len)
 
     def _capture_graphs(self, max_batch: int, max_model_len: int | None):
@@ -176,18 +175,21 @@ class ModelRunner:
         cfg = self.model.config
         refused = self.graphs_refused()
         if refused:
-            logger.info("CUDA graphs: not for %s: %s; it runs eagerly", cfg.architecture, refused)
+            message = "CUDA graphs: not for %s: %s; its decode steps run eagerly"
+            logger.warning(message, cfg.architecture, refused)
             return
         from minillm.engine.cuda_graphs import CUDAGraphDecoder
 
         max_len = max_model_len or cfg.max_position_embeddings
-        self.graphs = CUDAGraphDecoder(self.model, self.cache, max_batch, max_len)
+        self.graphs = CUDAGraphDecoder(
+            self.model, self.cache, max_batch, max_len, states=self.states
+        )
 
     def graphs_refused(self) -> str | None:
-        "Why captured graphs cannot serve this model's decode steps (None: they can)."
-        refusal = self.kv_config.graph_refusal()
-        if refusal is not None:
-            return refusal
+        """Why captured graphs cannot serve this model's decode steps (None: they can). Every KV
+        cache layout can be captured (chapter 8c); a model's own step may not."""
+        if self.attention_backend != "triton":
+            return f"the {self.attention_backend} attention backend runs (graphs capture triton's)"
         if not self.model.cuda_graphs:
             return "it says so (`cuda_graphs = False`: its step sizes work on the host)"
         return None
