@@ -1449,12 +1449,12 @@ d = {
                 "cuda_graphs.html#cudagraphdecoder.__init__",
                 "minillm/engine/cuda_graphs.py",
             ),
-            "minillm.engine.cuda_graphs.CUDAGraphDecoder._decode_step": (
-                "cuda_graphs.html#cudagraphdecoder._decode_step",
-                "minillm/engine/cuda_graphs.py",
-            ),
             "minillm.engine.cuda_graphs.CUDAGraphDecoder._set_states": (
                 "cuda_graphs.html#cudagraphdecoder._set_states",
+                "minillm/engine/cuda_graphs.py",
+            ),
+            "minillm.engine.cuda_graphs.CUDAGraphDecoder._step": (
+                "cuda_graphs.html#cudagraphdecoder._step",
                 "minillm/engine/cuda_graphs.py",
             ),
             "minillm.engine.cuda_graphs.CUDAGraphDecoder._take_pending": (

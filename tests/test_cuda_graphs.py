@@ -15,6 +15,7 @@ from minillm import LLM, SamplingParams
 from minillm.bench.random_models import random_model_dir
 from minillm.engine.cuda_graphs import CUDAGraphDecoder
 from minillm.loader import load_hf_model
+from minillm.spec_decode.proposers import truncated_model_dir
 
 
 def graph_llm(path, **kw) -> LLM:
@@ -40,7 +41,12 @@ def graph_llm(path, **kw) -> LLM:
             engine.max_model_len,
             capture=False,
             states=engine.runner.states,
+            num_drafts=engine.proposer.num_speculative_tokens if engine.proposer else 0,
         )
+        if hasattr(engine.proposer, "cache"):  # a draft model: its one-token steps too
+            proposer = engine.proposer
+            args = proposer.model, proposer.cache, 4, engine.max_model_len
+            proposer.graphs = CUDAGraphDecoder(*args, capture=False)
     return llm
 
 
@@ -68,24 +74,32 @@ def test_engine_decodes_through_graphs_and_equals_transformers(random_llama):
     assert llm.engine.block_manager.num_free_blocks == 64
 
 
-def test_speculative_verification_is_not_a_decode_batch(random_llama):
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculative_verification_through_graphs_of_its_own(random_llama, method, tmp_path):
     """The bug the 2026-12-04 H200 run found: a verification batch (each sequence's token and its
-    drafts) has logits at every token, as a decode batch does, and went to the graphs, which gave
-    every token its sequence's whole context (drafts saw later drafts) or failed on the shapes.
-    Graphs serve one token per sequence; verification steps run eagerly, and the tokens equal
-    transformers'."""
+    drafts) has logits at every token, as a decode batch does, and went to the decode graphs,
+    which gave every token its sequence's whole context (drafts saw later drafts) or failed on the
+    shapes. Verification now has graphs of its own (up to 1 + k tokens a sequence, each
+    sequence's count read on the device), and the tokens equal transformers'."""
     path, hf = random_llama
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    if method == "draft":  # the target's first layer drafts; its own steps replay graphs too
+        spec = {"model": str(truncated_model_dir(path, tmp_path, 1)), "num_speculative_tokens": 3}
     llm = graph_llm(path, speculative_config=spec)
     graphs, served = llm.engine.runner.graphs, []
     run = graphs.run
-    graphs.run = lambda b: served.append((len(b.input_ids), len(b.metadata.context_lens))) or run(b)
+    graphs.run = lambda b: served.append(max(b.metadata.query_lens)) or run(b)
+    drafted, proposer = [], llm.engine.proposer
+    if method == "draft":  # the draft model's one-token steps
+        draft_run = proposer.graphs.run
+        proposer.graphs.run = lambda b: drafted.append(len(b.input_ids)) or draft_run(b)
     prompts = [[(j % (3 + i)) + 20 * i + 40 for j in range(12 + 5 * i)] for i in range(5)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = llm.generate(prompts + prompts[:3], params, use_tqdm=False)
-    assert served and all(tokens == seqs for tokens, seqs in served), served
     assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts + prompts[:3]]
     assert llm.engine.scheduler.num_accepted_tokens > 0  # drafts were verified, and kept
+    assert max(served) > 1, "verifications replayed"  # (and, with n-gram, decode steps)
+    assert method == "ngram" or drafted, "the draft's steps went through its graphs"
     assert llm.engine.block_manager.num_free_blocks == 64
 
 

@@ -28,11 +28,13 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 # %% ../../nbs/08c_cuda_graphs.ipynb #2495cfb7
 class CUDAGraphDecoder:
     """Decode steps (one new token per sequence) replayed from graphs captured once per padded batch
-    size. Each KV cache group (chapter 15: layers with another sliding window) has its own static
-    block tables and slots; the windows themselves are applied by the kernels from the context
-    lengths, so one graph serves every step. Recurrent layers' states (chapter 15b) are read and
-    written through a static buffer of slots; padding rows use the pool's scratch slot, and the
-    step's new states are committed after the replay, as after an eager step."""
+    size; with speculative decoding (chapter 12), verification steps too (up to 1 + k tokens a
+    sequence), from graphs of their own. Each KV cache group (chapter 15: layers with another
+    sliding window) has its own static block tables and slots; the windows themselves are applied
+    by the kernels from the context lengths, so one graph serves every step. Recurrent layers'
+    states (chapter 15b) are read and written through a static buffer of slots; padding rows use
+    the pool's scratch slot, and the step's new states are committed after the replay, as after an
+    eager step."""
 
     def __init__(
         self,
@@ -42,13 +44,17 @@ class CUDAGraphDecoder:
         max_model_len: int,
         capture: bool = True,
         states: StatePool | None = None,
+        num_drafts: int = 0,
     ):
         device = cache.k.device
         self.model, self.cache, self.capture = model, cache, capture
+        self.max_model_len = max_model_len
         self.batch_sizes = graph_batch_sizes(max_batch)
-        i32 = dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.query_lens = [1, 1 + num_drafts] if num_drafts else [1]  # decode, verification
+        max_tokens = max_batch * self.query_lens[-1]
+        i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.long, device=device)
+        self.input_ids = torch.zeros(max_tokens, **i64)
+        self.positions = torch.zeros(max_tokens, **i64)
         self.context_lens = torch.zeros(max_batch, **i32)
         kv_config = KVCacheConfig(model.config, cache.block_size, cache.dtype)
         self.kv = kv_config.graph_inputs(max_batch, max_model_len, device)
@@ -57,40 +63,43 @@ class CUDAGraphDecoder:
         self.states = states
         self.fresh = torch.ones(max_batch, dtype=torch.bool, device=device)  # state from nothing
         self.block_tables = self.kv.block_tables  # one per KV cache group, and a slot mapping
-        self.slot_mappings = [
-            torch.full((max_batch,), -1, dtype=torch.long, device=device) for _ in self.block_tables
-        ]
-        self.cu_seqlens_q = torch.arange(max_batch + 1, **i32)
+        self.slot_mappings = [torch.full((max_tokens,), -1, **i64) for _ in self.block_tables]
+        self.cu_decode = torch.arange(max_batch + 1, **i32)  # one token a sequence
+        self.cu_verify = torch.zeros(max_batch + 1, **i32)  # each step's own
         self.logits_buffer = torch.empty(
-            max_batch, model.config.vocab_size, dtype=torch.float32, device=device
+            max_tokens, model.config.vocab_size, dtype=torch.float32, device=device
         )
         self.steps, self.logits, self.graphs, self.pending, pool = {}, {}, {}, {}, None
         with torch.inference_mode():  # no autograd state recorded into the graphs
             # largest first: the smaller graphs reuse its memory pool
-            for bs in reversed(self.batch_sizes):
-                self.steps[bs] = step = self._decode_step(bs, max_model_len)
-                self.logits[bs] = step()  # warm-up: compiles the kernels, allocates split-K scratch
+            for key in [(bs, q) for q in self.query_lens[::-1] for bs in self.batch_sizes[::-1]]:
+                self.steps[key] = step = self._step(*key, max_model_len)
+                self.logits[key] = step()  # warm-up: compiles the kernels, allocates scratch
                 self._take_pending()  # (the warm-up's new states are not kept)
                 if capture:
                     torch.cuda.synchronize(device)
-                    self.graphs[bs] = graph = torch.cuda.CUDAGraph()
+                    self.graphs[key] = graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool):
-                        self.logits[bs] = step()
+                        self.logits[key] = step()
                     pool = graph.pool()
-                    self.pending[bs] = self._take_pending()  # the graph's outputs: new states
+                    self.pending[key] = self._take_pending()  # the graph's outputs: new states
 
-    def _decode_step(self, bs: int, max_model_len: int):
+    def _step(self, bs: int, q: int, max_model_len: int):
+        """The forward of `bs` sequences of up to `q` new tokens each, through the static buffers:
+        one token (the decode kernel), or a verification (one prefill tile a sequence, its length
+        read from `cu_verify` on the device, so fewer drafts than k fit the same graph)."""
+        tokens = bs * q
         md = AttentionMetadata(
-            cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
+            cu_seqlens_q=(self.cu_decode if q == 1 else self.cu_verify)[: bs + 1],
             context_lens=self.context_lens[:bs],
             block_tables=self.block_tables[0][:bs],
-            slot_mapping=self.slot_mappings[0][:bs],
-            query_lens=[1] * bs,
+            slot_mapping=self.slot_mappings[0][:tokens],
+            query_lens=[q] * bs,
             context_lens_list=[max_model_len] * bs,
-            query_starts=list(range(bs)),
+            query_starts=list(range(0, tokens, q)),
         )
         groups = [  # KV cache groups 1, 2, ...: the same batch, their own tables and slots
-            replace(md, block_tables=tables[:bs], slot_mapping=slots[:bs])
+            replace(md, block_tables=tables[:bs], slot_mapping=slots[:tokens])
             for tables, slots in zip(self.block_tables[1:], self.slot_mappings[1:])
         ]
         states = self.states and StateBatch.captured(
@@ -98,16 +107,13 @@ class CUDAGraphDecoder:
         )
         # its plan and split-K: fixed here, once per captured batch size
         attn = PagedAttention(self.cache, md, load_attention_backend("triton"), groups, states)
-        out = self.logits_buffer[:bs]
+        out = self.logits_buffer[:tokens]
 
-        # the logits land in one buffer shared by every graph: no per-size [bs, vocab] copy
+        # the logits land in one buffer shared by every graph: no per-size [tokens, vocab] copy
         # stays alive
         def step():
-            return out.copy_(
-                self.model.compute_logits(
-                    self.model(self.input_ids[:bs], self.positions[:bs], attn)
-                )
-            )
+            ids, positions = self.input_ids[:tokens], self.positions[:tokens]
+            return out.copy_(self.model.compute_logits(self.model(ids, positions, attn)))
 
         return step
 
@@ -119,38 +125,44 @@ class CUDAGraphDecoder:
         return pending
 
     def can_run(self, batch: FlatBatch) -> bool:
-        """Is `batch` a decode batch a graph serves: one new token per sequence (a verification
-        batch, chapter 12, also has logits at every token, but several tokens per sequence), no
-        more sequences than the largest graph, block tables no wider than its own?"""
-        n, groups = len(batch.input_ids), [batch.metadata, *batch.group_metadata]
+        """Is `batch` one a graph serves: logits at every token, one new token a sequence (a
+        decode) or, with drafts, up to 1 + k (a verification); no more sequences than the largest
+        graph, block tables no wider than its own?"""
+        md, groups = batch.metadata, [batch.metadata, *batch.group_metadata]
         width = self.block_tables[0].shape[1]
         return (
-            len(batch.logits_indices) == len(batch.metadata.context_lens) == n
-            and n <= self.batch_sizes[-1]
-            and all(md.block_tables.shape[1] <= width for md in groups)
+            len(batch.logits_indices) == len(batch.input_ids)
+            and max(md.query_lens) <= self.query_lens[-1]
+            and len(md.query_lens) <= self.batch_sizes[-1]
+            and all(g.block_tables.shape[1] <= width for g in groups)
         )
 
     def run(self, batch: FlatBatch) -> torch.Tensor:
-        """The logits [S, V] of a decode batch: copy it into the static buffers, replay the smallest
-        graph that fits."""
-        n, md = len(batch.input_ids), batch.metadata
+        """The logits [tokens, V] of a batch `can_run` accepts: copy it into the static buffers,
+        replay the smallest graph that fits."""
+        md = batch.metadata
+        n, tokens = len(md.query_lens), len(batch.input_ids)
+        q = 1 if tokens == n else self.query_lens[-1]
         bs = next(b for b in self.batch_sizes if b >= n)
-        self.input_ids[:n] = batch.input_ids
-        self.positions[:n] = batch.positions
+        self.input_ids[:tokens] = batch.input_ids
+        self.positions[:tokens] = batch.positions
         self.context_lens[:n] = md.context_lens
         self.context_lens[n:bs] = 0  # padding rows attend to nothing...
         groups = [md, *batch.group_metadata]
         for group, tables, slots in zip(groups, self.block_tables, self.slot_mappings):
-            slots[:n] = group.slot_mapping
-            slots[n:bs] = -1  # ...and store nothing
+            slots[:tokens] = group.slot_mapping
+            slots[tokens : bs * q] = -1  # ...and store nothing
             tables[:n, : group.block_tables.shape[1]] = group.block_tables
+        if q > 1:  # each sequence's tokens; padding sequences have none
+            self.cu_verify[: n + 1] = md.cu_seqlens_q
+            self.cu_verify[n + 1 : bs + 1] = tokens
         if self.states is not None:
             self._set_states(batch, n, bs)
         if self.capture:
-            self.graphs[bs].replay()
+            self.graphs[bs, q].replay()
         else:
-            self.logits[bs] = self.steps[bs]()
-        return self.logits[bs][:n]
+            self.logits[bs, q] = self.steps[bs, q]()
+        return self.logits[bs, q][:tokens]
 
     def _set_states(self, batch: FlatBatch, n: int, bs: int):
         """The rows' state slots (padding rows: the scratch slot), whether each starts from nothing
@@ -160,4 +172,4 @@ class CUDAGraphDecoder:
         slots[n:bs] = self.states.scratch
         self.fresh[:n] = batch.metadata.context_lens == 1
         self.fresh[n:bs] = True
-        self.states.pending = list(self.pending[bs]) if self.capture else []
+        self.states.pending = list(self.pending[bs, 1]) if self.capture else []

@@ -236,13 +236,6 @@ class LLMEngine:
         self.proposer = None
         if cfg.speculative_config:
             self.proposer = make_proposer(cfg.speculative_config, self)
-            if self.runner.graphs is not None:  # said once, by name: the fast path is partial
-                logger.warning(
-                    "CUDA graphs: speculative decoding's verification steps (%d drafts a "
-                    "sequence) are not captured and run eagerly; steps without drafts replay "
-                    "graphs",
-                    self.proposer.num_speculative_tokens,
-                )
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,

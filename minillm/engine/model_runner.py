@@ -145,8 +145,11 @@ class ModelRunner:
         cpu_kernels: bool = True,
         fused_cpu_step: bool = True,
         max_num_seqs: int = 64,
+        num_drafts: int = 0,
     ):
-        "`max_num_seqs`: the sequences a step runs at most, each with a slot of recurrent states."
+        """`max_num_seqs`: the sequences a step runs at most, each with a slot of recurrent states;
+        `num_drafts`: the draft tokens a sequence verifies at most (chapter 12), which the graphs
+        capture too."""
 
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
@@ -168,9 +171,9 @@ class ModelRunner:
         self.states = self.kv_config.make_states(max_num_seqs, self.device)
         self.graphs = None
         if cuda_graph_max_batch and self.device.type == "cuda":
-            self._capture_graphs(cuda_graph_max_batch, max_model_len)
+            self._capture_graphs(cuda_graph_max_batch, max_model_len, num_drafts)
 
-    def _capture_graphs(self, max_batch: int, max_model_len: int | None):
+    def _capture_graphs(self, max_batch: int, max_model_len: int | None, num_drafts: int):
         "Decode steps replayed from captured graphs (chapter 8c), where they can serve this model."
         cfg = self.model.config
         refused = self.graphs_refused()
@@ -182,7 +185,7 @@ class ModelRunner:
 
         max_len = max_model_len or cfg.max_position_embeddings
         self.graphs = CUDAGraphDecoder(
-            self.model, self.cache, max_batch, max_len, states=self.states
+            self.model, self.cache, max_batch, max_len, states=self.states, num_drafts=num_drafts
         )
 
     def graphs_refused(self) -> str | None:

@@ -131,4 +131,5 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
         seed=cfg.seed,
         kv_cache_dtype=cfg.kv_cache_dtype,
         max_num_seqs=cfg.max_num_seqs,
+        num_drafts=(cfg.speculative_config or {}).get("num_speculative_tokens", 0),
     )

@@ -114,11 +114,19 @@ class DraftModelProposer:
         )
         self.backend, self.device = runner.backend, runner.device
         self.num_speculative_tokens = num_speculative_tokens
+        self.graphs = None  # the draft's one-token steps, replayed where the target's are
+        if runner.graphs is not None:
+            from minillm.engine.cuda_graphs import CUDAGraphDecoder
+
+            shape = runner.graphs.batch_sizes[-1], runner.graphs.max_model_len
+            self.graphs = CUDAGraphDecoder(self.model, self.cache, *shape)
         self.done = weakref.WeakKeyDictionary()  # request -> tokens whose K/V the draft holds
 
     def _forward(self, seqs: list[Sequence], counts: list[int]) -> torch.Tensor:
         "The draft's logits at each sequence's last new token, its K/V written."
         batch = build_flat_batch(seqs, counts, self.cache.block_size, self.device)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)  # one token a sequence: the logits of each
         attn = PagedAttention(self.cache, batch.metadata, self.backend)
         hidden = self.model(batch.input_ids, batch.positions, attn)
         return self.model.compute_logits(hidden[batch.logits_indices])
