@@ -30,12 +30,12 @@ d = {
                 "paged_attention.html#samplerows.owners",
                 "minillm/attention/input_batch.py",
             ),
-            "minillm.attention.input_batch._to_device": (
-                "paged_attention.html#_to_device",
-                "minillm/attention/input_batch.py",
-            ),
             "minillm.attention.input_batch.build_flat_batch": (
                 "paged_attention.html#build_flat_batch",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.host_to_device": (
+                "paged_attention.html#host_to_device",
                 "minillm/attention/input_batch.py",
             ),
             "minillm.attention.input_batch.slots_of": (
@@ -2391,6 +2391,10 @@ d = {
                 "triton_kernel.html#choose_num_splits",
                 "minillm/kernels/triton_attention.py",
             ),
+            "minillm.kernels.triton_attention.compute_dtype": (
+                "triton_kernel.html#compute_dtype",
+                "minillm/kernels/triton_attention.py",
+            ),
             "minillm.kernels.triton_attention.decode_constants": (
                 "triton_kernel.html#decode_constants",
                 "minillm/kernels/triton_attention.py",
@@ -2415,12 +2419,24 @@ d = {
                 "triton_kernel.html#plan_triton_attention",
                 "minillm/kernels/triton_attention.py",
             ),
+            "minillm.kernels.triton_attention.pool_pointers": (
+                "triton_kernel.html#pool_pointers",
+                "minillm/kernels/triton_attention.py",
+            ),
             "minillm.kernels.triton_attention.prefill_constants": (
                 "triton_kernel.html#prefill_constants",
                 "minillm/kernels/triton_attention.py",
             ),
             "minillm.kernels.triton_attention.prefill_tiles": (
                 "triton_kernel.html#prefill_tiles",
+                "minillm/kernels/triton_attention.py",
+            ),
+            "minillm.kernels.triton_attention.quantized": (
+                "triton_kernel.html#quantized",
+                "minillm/kernels/triton_attention.py",
+            ),
+            "minillm.kernels.triton_attention.reads": (
+                "triton_kernel.html#reads",
                 "minillm/kernels/triton_attention.py",
             ),
             "minillm.kernels.triton_attention.store_constants": (
@@ -2994,6 +3010,10 @@ d = {
             ),
             "minillm.moe.triton_moe.fused_moe": (
                 "mixture_of_experts.html#fused_moe",
+                "minillm/moe/triton_moe.py",
+            ),
+            "minillm.moe.triton_moe.max_blocks": (
+                "mixture_of_experts.html#max_blocks",
                 "minillm/moe/triton_moe.py",
             ),
             "minillm.moe.triton_moe.moe_constants": (

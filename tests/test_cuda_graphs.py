@@ -10,11 +10,13 @@ import torch
 from helpers import hf_greedy
 from test_hybrid_models import GEMMA3, SMOLLM3
 from test_linear_attention import QWEN3_5
+from test_moe import QWEN3_MOE
 
 from minillm import LLM, SamplingParams
 from minillm.bench.random_models import random_model_dir
 from minillm.engine.cuda_graphs import CUDAGraphDecoder
 from minillm.loader import load_hf_model
+from minillm.models.moe import SparseMoeBlock
 from minillm.spec_decode.proposers import truncated_model_dir
 
 
@@ -144,3 +146,48 @@ def test_recurrent_states_through_graphs(tmp_path):
     assert served and max(served) == 4
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and len(bm.free_slots) == bm.num_slots
+
+
+def test_experts_through_graphs(tmp_path):
+    """Qwen3-MoE's mixtures through the fused Triton kernels (the interpreter here) under the
+    graphs: the experts aligned on the device, the grid sized for any routing, so one graph serves
+    every step; greedy-equal to transformers."""
+    path = random_model_dir(tmp_path, QWEN3_MOE, seed=1)
+    hf = load_hf_model(path)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (3, 20, 9)]
+    llm = graph_llm(path)
+    blocks = [m for m in llm.engine.model.modules() if isinstance(m, SparseMoeBlock)]
+    for block in blocks:
+        block.impl = "triton"  # what a GPU runs
+    graphs, served = llm.engine.runner.graphs, []
+    run = graphs.run
+    graphs.run = lambda batch: served.append(len(batch.input_ids)) or run(batch)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 10) for p in prompts]
+    assert served and len(blocks) == 2
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_one_byte_kv_through_graphs(random_llama, kv_cache_dtype):
+    """Chapter 13's one-byte KV pool under the graphs: rows quantized and stored with their scales
+    by the step, dequantized in the kernels; the tokens equal the same pool's run eagerly."""
+    path, _ = random_llama
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(100, 5000, (n,), generator=g).tolist() for n in (5, 17, 31, 2)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    kw = dict(kv_cache_dtype=kv_cache_dtype)
+    eager = LLM(
+        str(path),
+        attention_backend="triton",
+        enforce_eager=True,
+        num_kv_blocks=64,
+        dtype="float32",
+        **kw,
+    )
+    want = [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    llm = graph_llm(path, **kw)
+    served = replays_of(llm)
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    assert served and llm.engine.runner.attention_backend == "triton"

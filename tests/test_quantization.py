@@ -271,13 +271,53 @@ def test_quantized_pools_hold_more_blocks_in_the_same_memory(model_dir):
     assert cache.nbytes == cache.num_blocks * int8_bytes and cache.k.dtype == torch.int8
 
 
-def test_bad_kv_cache_settings_are_refused():
-    for kw, words in [
-        (dict(kv_cache_dtype="int4"), "kv_cache_dtype must be 'auto' or one of"),
-        (dict(kv_cache_dtype="int8", attention_backend="triton"), "not 'triton'"),
-    ]:
-        with pytest.raises(ValueError, match=words):
-            LLM(dtype="float32", **kw)
+def test_bad_kv_cache_settings_are_refused(monkeypatch):
+    from minillm.engine.assembly import resolve_attention_backend
+
+    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or one of"):
+        LLM(dtype="float32", kv_cache_dtype="int4")
+    # fp8 on a GPU without it (an A100, sm_80): refused by name, int8 offered
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match="sm_80: use kv_cache_dtype='int8'"):
+        resolve_attention_backend("triton", torch.device("cuda"), 64, "fp8")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_triton_kernels_read_and_write_a_quantized_pool_as_the_torch_backend(kv_cache_dtype):
+    """Chapter 8b's kernels on a one-byte pool: the rows quantized and stored with their scales as
+    the torch backend stores them, and attention (prefill chunks after a cached prefix, decodes)
+    over the dequantized rows, scales applied in the kernel."""
+    from minillm.attention.input_batch import build_flat_batch
+    from minillm.attention.paged import TORCH_ATTENTION, PagedAttention
+    from minillm.core.block_manager import Sequence
+    from minillm.kernels.triton_attention import TRITON_ATTENTION
+
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, bs = 4, 2, 32, 4
+    pools = [
+        QuantizedKVCache(1, 16, bs, kv_heads, dim, kv_cache_dtype=kv_cache_dtype) for _ in "ab"
+    ]
+    lengths, tables = [9, 1, 14], [[3, 7, 1], [0], [2, 9, 4, 11]]
+    seqs = [
+        Sequence(i, list(range(n)), block_table=t) for i, (n, t) in enumerate(zip(lengths, tables))
+    ]
+    first = build_flat_batch(seqs, [6, 1, 10], bs, "cpu")  # prompts, part of two of them
+    k, v = (torch.randn(17, kv_heads, dim, generator=g) * 3 for _ in range(2))
+    for pool, backend in zip(pools, (TORCH_ATTENTION, TRITON_ATTENTION)):
+        backend.write(pool, 0, k, v, first.metadata.slot_mapping)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        assert torch.equal(getattr(pools[1], name), getattr(pools[0], name)), name
+    for s, n in zip(seqs, [6, 1, 10]):
+        s.num_computed_tokens = n
+    seqs[1].token_ids.append(0)  # a decode, and two prompts' last chunks
+    step = build_flat_batch(seqs, [3, 1, 4], bs, "cpu")
+    k, v = (torch.randn(8, kv_heads, dim, generator=g) * 3 for _ in range(2))
+    q = torch.randn(8, heads, dim, generator=g)
+    outs = []
+    for pool, backend in zip(pools, (TORCH_ATTENTION, TRITON_ATTENTION)):
+        attn = PagedAttention(pool, step.metadata, backend)
+        outs.append(attn(0, q, k, v))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("rows", [1, 16, 33])

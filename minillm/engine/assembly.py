@@ -7,7 +7,6 @@ quantization) only through here, each imported when it is asked for."""
 # %% auto #0
 __all__ = [
     "ATTENTION_BACKENDS",
-    "QUANTIZED_KV_BACKENDS",
     "resolve_object",
     "triton_usable",
     "cpu_usable",
@@ -45,7 +44,6 @@ ATTENTION_BACKENDS = {
     "cpu": "minillm.kernels.cpu_attention:CPU_ATTENTION",
     "triton": "minillm.kernels.triton_attention:TRITON_ATTENTION",
 }
-QUANTIZED_KV_BACKENDS = ("cpu", "torch")  # the backends that read an int8/fp8 KV pool
 
 
 def triton_usable(device: torch.device, head_dim: int) -> bool:
@@ -70,20 +68,18 @@ def resolve_attention_backend(
     name: str, device: torch.device, head_dim: int, kv_cache_dtype: str = "auto"
 ) -> str:
     """The backend to use: `name`, or for 'auto' the fastest one available on `device` for this
-    head_dim and KV pool (chapter 13's int8/fp8 pools are read by the backends in
-    `QUANTIZED_KV_BACKENDS`)."""
+    head_dim (each of them reads chapter 13's int8/fp8 pools too; fp8 needs a GPU that has it)."""
     if name != "auto" and name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"attention_backend {name!r} is not available; choose one of "
             f"auto, {', '.join(ATTENTION_BACKENDS)}"
         )
-    if kv_cache_dtype != "auto":
-        if name == "auto":
-            name = "cpu" if "cpu" in QUANTIZED_KV_BACKENDS and cpu_usable(device) else "torch"
-        if name not in QUANTIZED_KV_BACKENDS:
+    if kv_cache_dtype == "fp8" and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
             raise ValueError(
-                f"kv_cache_dtype {kv_cache_dtype!r} is read by the attention backends "
-                f"{', '.join(QUANTIZED_KV_BACKENDS)}, not {name!r}; choose one of them"
+                f"kv_cache_dtype 'fp8' needs a GPU with fp8 (sm_89 or later: Ada, Hopper, "
+                f"Blackwell); this one is sm_{major}{minor}: use kv_cache_dtype='int8'"
             )
     if name == "auto":
         if device.type == "cuda":

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from ..attention.input_batch import FlatBatch
+from ..attention.input_batch import FlatBatch, host_to_device
 from ..attention.paged import AttentionMetadata, PagedAttention
 from ..core.kv_cache import PagedKVCache
 from ..core.kv_cache_config import KVCacheConfig
@@ -168,7 +168,7 @@ class CUDAGraphDecoder:
         """The rows' state slots (padding rows: the scratch slot), whether each starts from nothing
         (a one-token prompt), and the new states the runner commits after this step."""
         slots = self.kv.state_slots
-        slots[:n] = torch.tensor(batch.state_slots, dtype=torch.long)
+        slots[:n] = host_to_device(torch.tensor(batch.state_slots), slots.device)
         slots[n:bs] = self.states.scratch
         self.fresh[:n] = batch.metadata.context_lens == 1
         self.fresh[n:bs] = True

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention.input_batch import SampleRows
+from ..attention.input_batch import SampleRows, host_to_device
 from ..core.request import RequestError
 
 
@@ -192,4 +192,6 @@ def apply_grammars(logits: torch.Tensor, sampled: SampleRows):
             filled = grammar.fill_bitmask(bitmask, span.start, req.spec_token_ids)
             rows += span[:filled]
     if rows:
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+        xgr.apply_token_bitmask_inplace(
+            logits, host_to_device(bitmask, logits.device), indices=rows
+        )

@@ -132,7 +132,7 @@ HEADS, BLOCK_SIZE = (32, 8), 16
 ATTENTION_TYPES = dict(part_acc_ptr="*fp32", part_m_ptr="*fp32", part_l_ptr="*fp32")  # split-K
 INDEX_POINTERS = "block_tables", "context_lens", "cu_seqlens_q", "seq_ids", "tile_seq", "tile_start"
 ATTENTION_TYPES |= {f"{name}_ptr": "*i32" for name in INDEX_POINTERS}
-ATTENTION_TYPES["slot_mapping_ptr"] = "*i64"
+ATTENTION_TYPES |= {"slot_mapping_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
 
 
 def attention_configs(dtype, head_dim, heads=HEADS, block_size=BLOCK_SIZE) -> list[KernelConfig]:
@@ -142,13 +142,14 @@ def attention_configs(dtype, head_dim, heads=HEADS, block_size=BLOCK_SIZE) -> li
     configs = [KernelConfig.of(ta._store_kv_kernel, dtype, store, **ATTENTION_TYPES)]
     for splits in ta.NUM_SPLIT_CHOICES:
         decode = ta.decode_constants(dtype, heads, head_dim, block_size, splits)
-        decode["UPCAST"] = False
+        decode |= dict(QUANT=False, UPCAST=False)
         configs.append(KernelConfig.of(ta._decode_kernel, dtype, decode, **ATTENTION_TYPES))
         if splits > 1:
             merge = dict(NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=splits)
             merge = KernelConfig.of(ta._merge_splits_kernel, dtype, merge, **ATTENTION_TYPES)
             configs.append(merge)
-    prefill = ta.prefill_constants(dtype, heads, head_dim, block_size) | dict(UPCAST=False)
+    prefill = ta.prefill_constants(dtype, heads, head_dim, block_size)
+    prefill |= dict(QUANT=False, UPCAST=False)
     configs.append(KernelConfig.of(ta._prefill_kernel, dtype, prefill, **ATTENTION_TYPES))
     return configs
 

@@ -10,9 +10,13 @@ __all__ = [
     "TRITON_ATTENTION",
     "check_head_dim",
     "store_kv",
+    "quantized",
     "store_constants",
     "tiles",
     "decode_constants",
+    "pool_pointers",
+    "compute_dtype",
+    "reads",
     "paged_decode_attention",
     "decode_partials",
     "choose_num_splits",
@@ -34,6 +38,7 @@ import triton.language as tl
 
 from ..attention.paged import AttentionBackend, AttentionMetadata
 from ..core.kv_cache import PagedKVCache
+from ..core.quantized_kv_cache import quantize_kv
 from ..triton_utils import interpreted_bf16
 from ..utils import cdiv
 
@@ -81,23 +86,36 @@ def check_head_dim(head_dim: int):
 def store_kv(
     cache: PagedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ):
-    "Store new tokens' k, v [T, kv_heads, head_dim] at their slots [T] (slot -1: skip)."
+    """Store new tokens' k, v [T, kv_heads, head_dim] at their slots [T] (slot -1: skip). A pool of
+    one byte a value (chapter 13's) gets each row quantized and its scale stored beside it."""
     T, H, D = k.shape
     check_head_dim(D)
     # each token's heads must be one contiguous row; k and v may be column slices of the fused
     # qkv output
     if not (k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == D):
         raise ValueError("store_kv needs each token's k and v heads in one contiguous row")
-    _store_kv_kernel[(T,)](
-        k,
-        v,
-        k.stride(0),
-        v.stride(0),
-        cache.k[layer],
-        cache.v[layer],
-        slot_mapping,
-        **store_constants(H * D),
-    )
+    scaled = quantized(cache)
+    if scaled:  # (torch ops on the device: a CUDA graph captures them too)
+        (k, k_scale), (v, v_scale) = (quantize_kv(x, cache.k.dtype) for x in (k, v))
+    rows = [(k, v, cache.k[layer], cache.v[layer], H * D)]
+    if scaled:
+        rows.append((k_scale, v_scale, cache.k_scale[layer], cache.v_scale[layer], H))
+    for new_k, new_v, k_pool, v_pool, width in rows:
+        _store_kv_kernel[(T,)](
+            new_k,
+            new_v,
+            new_k.stride(0),
+            new_v.stride(0),
+            k_pool,
+            v_pool,
+            slot_mapping,
+            **store_constants(width),
+        )
+
+
+def quantized(cache: PagedKVCache) -> bool:
+    "Does the pool keep one byte a value and a scale a row (chapter 13's int8 or fp8 KV)?"
+    return hasattr(cache, "k_scale")
 
 
 def store_constants(width: int) -> dict:
@@ -110,6 +128,8 @@ def store_constants(width: int) -> dict:
 def _kv_tile(
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     table,
     t,
     context_len,
@@ -119,9 +139,11 @@ def _kv_tile(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """Positions, keys and values [BLOCK_N, HEAD_DIM] of the t-th key tile of one sequence, read
-    through its block table."""
+    through its block table; QUANT: a pool of one byte a value, each row times its scale (chapter
+    13's int8 or fp8 KV), in float32."""
     pos = t * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = pos < context_len
     block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
@@ -130,7 +152,11 @@ def _kv_tile(
     d = tl.arange(0, HEAD_DIM)
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
     v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    if UPCAST:
+    if QUANT:
+        k_scale = tl.load(k_scale_ptr + slot * NUM_KV_HEADS + kv_head, mask=valid, other=0.0)
+        v_scale = tl.load(v_scale_ptr + slot * NUM_KV_HEADS + kv_head, mask=valid, other=0.0)
+        k, v = k.to(tl.float32) * k_scale[:, None], v.to(tl.float32) * v_scale[:, None]
+    elif UPCAST:
         k, v = k.to(tl.float32), v.to(tl.float32)
     return pos, k, v
 
@@ -167,6 +193,8 @@ def _decode_kernel(
     part_l_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     block_tables_ptr,
     block_tables_stride,
     context_lens_ptr,
@@ -182,6 +210,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     i, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = tl.load(seq_ids_ptr + i)
@@ -212,6 +241,8 @@ def _decode_kernel(
         pos, k, v = _kv_tile(
             k_cache_ptr,
             v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
             table,
             t,
             context_len,
@@ -221,6 +252,7 @@ def _decode_kernel(
             BLOCK_SIZE,
             BLOCK_N,
             UPCAST,
+            QUANT,
         )
         visible = ((pos < context_len) & (pos >= lo))[None, :]
         m, l, acc = _online_softmax_update(q, k, v, visible, m, l, acc, scale)
@@ -321,6 +353,24 @@ def _check_shapes(cache: PagedKVCache, q: torch.Tensor):
     return H, Hkv, D
 
 
+def pool_pointers(cache: PagedKVCache, layer: int) -> tuple:
+    "K, V and their scales (a pool without scales: K and V again, never read) of one layer."
+    scales = (cache.k_scale[layer], cache.v_scale[layer]) if quantized(cache) else ()
+    return cache.k[layer], cache.v[layer], *(scales or (cache.k[layer], cache.v[layer]))
+
+
+def compute_dtype(cache: PagedKVCache) -> torch.dtype:
+    "What the kernels multiply in (and pick tiles for): the pool's dtype; float32 for a scaled one."
+    return torch.float32 if quantized(cache) else cache.k.dtype
+
+
+def reads(cache: PagedKVCache, q: torch.Tensor) -> dict:
+    """How the kernels read the pool: QUANT, rows times their scales in float32 (then the queries
+    are upcast too); UPCAST, bfloat16 in float32 (the interpreter's products are wrong in bf16)."""
+    quant = quantized(cache)
+    return dict(QUANT=quant, UPCAST=quant or interpreted_bf16(q))
+
+
 def paged_decode_attention(
     cache: PagedKVCache,
     layer: int,
@@ -351,8 +401,7 @@ def paged_decode_attention(
         part_acc,
         part_m,
         part_l,
-        cache.k[layer],
-        cache.v[layer],
+        *pool_pointers(cache, layer),
         md.block_tables,
         md.block_tables.stride(0),
         md.context_lens,
@@ -360,8 +409,8 @@ def paged_decode_attention(
         seq_ids,
         1 / math.sqrt(D),
         md.sliding_window or 0,
-        **decode_constants(q.dtype, (H, Hkv), D, cache.block_size, num_splits),
-        UPCAST=interpreted_bf16(q),
+        **decode_constants(compute_dtype(cache), (H, Hkv), D, cache.block_size, num_splits)
+        | reads(cache, q),
     )
     if num_splits > 1:
         _merge_splits_kernel[(B, H)](
@@ -417,6 +466,8 @@ def _prefill_kernel(
     out_stride_h,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     block_tables_ptr,
     block_tables_stride,
     context_lens_ptr,
@@ -432,6 +483,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     tile, head = tl.program_id(0), tl.program_id(1)
     kv_head = head // GROUP
@@ -463,6 +515,8 @@ def _prefill_kernel(
         pos, k, v = _kv_tile(
             k_cache_ptr,
             v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
             table,
             t,
             context_len,
@@ -472,6 +526,7 @@ def _prefill_kernel(
             BLOCK_SIZE,
             BLOCK_N,
             UPCAST,
+            QUANT,
         )
         visible = (pos < context_len)[None, :] & (pos[None, :] <= q_pos[:, None])
         visible &= (window == 0) | (pos[None, :] > q_pos[:, None] - window)
@@ -521,8 +576,7 @@ def paged_prefill_attention(
         out,
         out.stride(0),
         out.stride(1),
-        cache.k[layer],
-        cache.v[layer],
+        *pool_pointers(cache, layer),
         md.block_tables,
         md.block_tables.stride(0),
         md.context_lens,
@@ -531,8 +585,7 @@ def paged_prefill_attention(
         tile_start,
         1 / math.sqrt(D),
         md.sliding_window or 0,
-        **prefill_constants(q.dtype, (H, Hkv), D, cache.block_size),
-        UPCAST=interpreted_bf16(q),
+        **prefill_constants(compute_dtype(cache), (H, Hkv), D, cache.block_size) | reads(cache, q),
     )
 
 
@@ -566,7 +619,7 @@ def plan_triton_attention(
     device = md.context_lens.device
     decodes = md.decode_seqs
     prefills = [s for s, n in enumerate(md.query_lens) if n > 1]
-    dtype, head_dim, num_kv_heads = cache.k.dtype, cache.k.shape[-1], cache.k.shape[3]
+    dtype, head_dim, num_kv_heads = compute_dtype(cache), cache.k.shape[-1], cache.k.shape[3]
     block_m = tiles("prefill", dtype, head_dim)["BLOCK_M"]
     tile_seq, tile_start = prefill_tiles(md.query_lens, prefills, block_m)
     if num_splits is None and not decodes:

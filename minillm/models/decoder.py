@@ -237,7 +237,7 @@ class CausalLM(nn.Module):
     from outside."""
 
     config_class = ModelConfig  # chapter 15's architectures have their own
-    cuda_graphs = True  # can a decode step be captured? Chapter 16's experts cannot
+    cuda_graphs = True  # can a decode step be captured? (not if it sizes its work on the host)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -184,8 +184,8 @@ PIECES = {  # a checkpoint's per-expert tensors: (our stacked tensor, its part)
 class MoECausalLM(CausalLM):
     "Chapter 2's decoder with `SparseMoeBlock` as the feed-forward layer where `moe_layers` says."
 
-    config_class = MoEConfig
-    cuda_graphs = False  # `sort_by_expert` sizes each layer's work on the host
+    config_class = MoEConfig  # (its decode steps are captured: on a GPU the experts align on
+    # the device, `align_blocks`)
 
     def __init__(self, cfg: MoEConfig):
         super().__init__(cfg)
