@@ -85,6 +85,40 @@ d = {
                 "minillm/attention/paged.py",
             ),
         },
+        "minillm.bench.engine_loop": {
+            "minillm.bench.engine_loop.HostOverhead": (
+                "engine_loop.html#hostoverhead",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.HostOverhead.__str__": (
+                "engine_loop.html#hostoverhead.__str__",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.StepFloor": (
+                "engine_loop.html#stepfloor",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.StepFloor.seconds": (
+                "engine_loop.html#stepfloor.seconds",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.host_overhead": (
+                "engine_loop.html#host_overhead",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.null_forward": (
+                "engine_loop.html#null_forward",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.step_floor": (
+                "engine_loop.html#step_floor",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.workload_floor": (
+                "engine_loop.html#workload_floor",
+                "minillm/bench/engine_loop.py",
+            ),
+        },
         "minillm.bench.gpu_compile": {
             "minillm.bench.gpu_compile.engine_configs": (
                 "triton_kernel.html#engine_configs",
@@ -411,6 +445,10 @@ d = {
                 "cli.html#_bench_online_command",
                 "minillm/cli.py",
             ),
+            "minillm.cli._bench_overhead_command": (
+                "cli.html#_bench_overhead_command",
+                "minillm/cli.py",
+            ),
             "minillm.cli._bench_serve_command": ("cli.html#_bench_serve_command", "minillm/cli.py"),
             "minillm.cli._bench_throughput_command": (
                 "cli.html#_bench_throughput_command",
@@ -436,6 +474,7 @@ d = {
             "minillm.cli.cmd_bench": ("cli.html#cmd_bench", "minillm/cli.py"),
             "minillm.cli.cmd_bench_latency": ("cli.html#cmd_bench_latency", "minillm/cli.py"),
             "minillm.cli.cmd_bench_online": ("cli.html#cmd_bench_online", "minillm/cli.py"),
+            "minillm.cli.cmd_bench_overhead": ("cli.html#cmd_bench_overhead", "minillm/cli.py"),
             "minillm.cli.cmd_bench_serve": ("cli.html#cmd_bench_serve", "minillm/cli.py"),
             "minillm.cli.cmd_bench_throughput": ("cli.html#cmd_bench_throughput", "minillm/cli.py"),
             "minillm.cli.cmd_chat": ("cli.html#cmd_chat", "minillm/cli.py"),
@@ -1174,6 +1213,16 @@ d = {
                 "minillm/course/exercises/ch16.py",
             ),
         },
+        "minillm.course.exercises.ch17": {
+            "minillm.course.exercises.ch17._stepped_floor": (
+                "engine_loop.html#_stepped_floor",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.check_workload_floor": (
+                "engine_loop.html#check_workload_floor",
+                "minillm/course/exercises/ch17.py",
+            ),
+        },
         "minillm.course.naive": {
             "minillm.course.naive.Generation": (
                 "naive_generate.html#generation",
@@ -1345,6 +1394,12 @@ d = {
                 "mixture_of_experts.html#my_route",
                 "minillm/course/solutions/ch16.py",
             ),
+        },
+        "minillm.course.solutions.ch17": {
+            "minillm.course.solutions.ch17.my_workload_floor": (
+                "engine_loop.html#my_workload_floor",
+                "minillm/course/solutions/ch17.py",
+            )
         },
         "minillm.detokenizer": {
             "minillm.detokenizer.TextStream": (

@@ -22,6 +22,7 @@ __all__ = [
     "cmd_bench_online",
     "cmd_bench_throughput",
     "cmd_bench_latency",
+    "cmd_bench_overhead",
     "cmd_bench_serve",
     "add_limit_flags",
     "add_api_flags",
@@ -397,6 +398,13 @@ def cmd_bench_latency(args):
     print_latency(result)
     if args.output_json:
         write_json(args.output_json, result)
+
+
+def cmd_bench_overhead(args):
+    from minillm.bench.engine_loop import host_overhead
+
+    for batch in args.batch:
+        print(host_overhead(batch, args.steps, args.repeats, args.prompt_len), flush=True)
 
 
 def cmd_bench_serve(args):
@@ -807,12 +815,23 @@ def _bench_serve_command(modes):
     t.set_defaults(func=cmd_bench_serve)
 
 
+def _bench_overhead_command(modes):
+    "minillm bench overhead: the engine's own work per decode step (chapter 17), forward free."
+    t = modes.add_parser("overhead", help="the host's time per decode step, the forward free")
+    t.add_argument("--batch", type=int, nargs="+", default=[256], help="sequences running")
+    t.add_argument("--steps", type=int, default=32, help="decode steps timed per repeat")
+    t.add_argument("--repeats", type=int, default=5)
+    t.add_argument("--prompt-len", type=int, default=64)
+    t.set_defaults(func=cmd_bench_overhead)
+
+
 BENCH_COMMANDS = {  # minillm bench MODE: what adds each mode's flags
     "offline": _bench_offline_command,
     "online": _bench_online_command,
     "throughput": _bench_throughput_command,
     "latency": _bench_latency_command,
     "serve": _bench_serve_command,
+    "overhead": _bench_overhead_command,
 }
 
 

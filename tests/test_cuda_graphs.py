@@ -105,25 +105,34 @@ def test_speculative_verification_through_graphs_of_its_own(random_llama, method
     assert llm.engine.block_manager.num_free_blocks == 64
 
 
+def family_through_graphs(tmp_path, shape, lengths, max_tokens, setup=lambda llm: None):
+    """A random-weight model of `shape` through the graphs, prompts of `lengths`: the engine (after
+    `setup`), its outputs and the batches the graphs served; the tokens equal transformers'."""
+    path = random_model_dir(tmp_path, shape, seed=1)
+    hf = load_hf_model(path)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in lengths]
+    llm = graph_llm(path)
+    setup(llm)
+    graphs, served = llm.engine.runner.graphs, []
+    run = graphs.run
+    graphs.run = lambda batch: served.append(batch) or run(batch)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, max_tokens) for p in prompts]
+    assert served, "decode steps went through the graphs"
+    return llm, served
+
+
 @pytest.mark.parametrize("family", ["gemma3", "smollm3"])
 def test_sliding_windows_and_rope_free_layers_through_graphs(family, tmp_path):
     """Gemma 3's five sliding-window layers to one global (two KV cache groups, each with its own
     static block tables in the graphs) and SmolLM3's layers without RoPE: decode steps through the
     graphs give transformers' tokens, prompts and outputs running far past the window."""
     shape = {"gemma3": GEMMA3, "smollm3": SMOLLM3}[family]
-    path = random_model_dir(tmp_path, shape, seed=1)
-    hf = load_hf_model(path)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (3, 9, 30, 17)]
-    llm = graph_llm(path)
-    graphs, served = llm.engine.runner.graphs, []
-    run = graphs.run
-    graphs.run = lambda batch: served.append(len(batch.group_metadata)) or run(batch)
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts]
+    llm, served = family_through_graphs(tmp_path, shape, (3, 9, 30, 17), 16)
     groups = len(llm.engine.runner.kv_config.groups)
-    assert served and set(served) == {groups - 1}, "every decode step, all its groups, replayed"
+    assert {len(b.group_metadata) for b in served} == {groups - 1}, "all its groups, replayed"
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
@@ -132,18 +141,8 @@ def test_recurrent_states_through_graphs(tmp_path):
     static buffers, padding rows on the scratch slot, the new states committed after the step;
     a one-token prompt (its first step a decode-shaped batch that starts from nothing) included.
     Six prompts through four rows: sequences finish and others take their slots."""
-    path = random_model_dir(tmp_path, QWEN3_5, seed=1)
-    hf = load_hf_model(path)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (1, 9, 30, 4, 17, 2)]
-    llm = graph_llm(path)
-    graphs, served = llm.engine.runner.graphs, []
-    run = graphs.run
-    graphs.run = lambda batch: served.append(len(batch.input_ids)) or run(batch)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 12) for p in prompts]
-    assert served and max(served) == 4
+    llm, served = family_through_graphs(tmp_path, QWEN3_5, (1, 9, 30, 4, 17, 2), 12)
+    assert max(len(b.input_ids) for b in served) == 4
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and len(bm.free_slots) == bm.num_slots
 
@@ -152,21 +151,14 @@ def test_experts_through_graphs(tmp_path):
     """Qwen3-MoE's mixtures through the fused Triton kernels (the interpreter here) under the
     graphs: the experts aligned on the device, the grid sized for any routing, so one graph serves
     every step; greedy-equal to transformers."""
-    path = random_model_dir(tmp_path, QWEN3_MOE, seed=1)
-    hf = load_hf_model(path)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (3, 20, 9)]
-    llm = graph_llm(path)
-    blocks = [m for m in llm.engine.model.modules() if isinstance(m, SparseMoeBlock)]
-    for block in blocks:
-        block.impl = "triton"  # what a GPU runs
-    graphs, served = llm.engine.runner.graphs, []
-    run = graphs.run
-    graphs.run = lambda batch: served.append(len(batch.input_ids)) or run(batch)
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 10) for p in prompts]
-    assert served and len(blocks) == 2
+
+    def fused(llm):  # what a GPU runs
+        for block in llm.engine.model.modules():
+            if isinstance(block, SparseMoeBlock):
+                block.impl = "triton"
+
+    llm, _ = family_through_graphs(tmp_path, QWEN3_MOE, (3, 20, 9), 10, fused)
+    assert sum(isinstance(m, SparseMoeBlock) for m in llm.engine.model.modules()) == 2
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
