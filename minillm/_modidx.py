@@ -1464,6 +1464,10 @@ d = {
                 "model_runner.html#resolve_object",
                 "minillm/engine/assembly.py",
             ),
+            "minillm.engine.assembly.speculative_drafts": (
+                "model_runner.html#speculative_drafts",
+                "minillm/engine/assembly.py",
+            ),
             "minillm.engine.assembly.triton_usable": (
                 "model_runner.html#triton_usable",
                 "minillm/engine/assembly.py",
@@ -1506,6 +1510,10 @@ d = {
             ),
             "minillm.engine.cuda_graphs.CUDAGraphDecoder._set_states": (
                 "cuda_graphs.html#cudagraphdecoder._set_states",
+                "minillm/engine/cuda_graphs.py",
+            ),
+            "minillm.engine.cuda_graphs.CUDAGraphDecoder._stage": (
+                "cuda_graphs.html#cudagraphdecoder._stage",
                 "minillm/engine/cuda_graphs.py",
             ),
             "minillm.engine.cuda_graphs.CUDAGraphDecoder._step": (
@@ -4711,6 +4719,10 @@ d = {
             ),
             "minillm.spec_decode.proposers._ngram": (
                 "speculative_decoding.html#_ngram",
+                "minillm/spec_decode/proposers.py",
+            ),
+            "minillm.spec_decode.proposers.checked_speculative_config": (
+                "speculative_decoding.html#checked_speculative_config",
                 "minillm/spec_decode/proposers.py",
             ),
             "minillm.spec_decode.proposers.lookahead_of": (

@@ -75,8 +75,9 @@ def percentile(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-class OverBudget(Exception):
-    "A section ran past its time budget."
+class OverBudget(BaseException):
+    """A section ran past its time budget: a BaseException, so that no `except Exception` on the
+    way (the engine isolating a failed batch, a feature row's error) swallows it."""
 
 
 def _over_budget(signum, frame):
@@ -152,7 +153,12 @@ def run_pytest(run: Run, record: dict):
             log.info("pytest-xdist is not installed: the tests run in one process")
     record["command"] = " ".join(cmd[1:])
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: xdist's workers stop with it
     )
     lines = []
     try:
@@ -162,7 +168,7 @@ def run_pytest(run: Run, record: dict):
         proc.wait()
     finally:
         if proc.poll() is None:  # over budget: what ran is in the log
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         tail = next((x.strip() for x in reversed(lines) if x.strip()), "")
         counts = re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed)", tail)

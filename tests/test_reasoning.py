@@ -146,3 +146,13 @@ def test_responses_carry_a_reasoning_item(server):
     turns[-1]["reasoning_content"] = text
     same = chat(server, messages=turns + ask("And 3 + 3?")).json()
     assert again.json()["usage"]["input_tokens"] == same["usage"]["prompt_tokens"]
+
+
+def test_responses_turn_the_thinking_off_with_effort_none(server):
+    "reasoning.effort 'none' is Qwen3's enable_thinking false: a structured output is then allowed."
+    fmt = {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}
+    body = {"model": "m", "input": "2 + 2?", "max_output_tokens": 12, "text": fmt}
+    r = httpx.post(f"{server}/v1/responses", json=body, timeout=120)
+    assert r.status_code == 400 and "reasoning.effort 'none'" in r.json()["error"]["message"]
+    r = httpx.post(f"{server}/v1/responses", json=body | {"reasoning": {"effort": "none"}})
+    assert r.status_code == 200 and r.json()["output"][0]["type"] == "message", r.text

@@ -16,6 +16,7 @@ __all__ = [
     "pack_cpu_weights",
     "check_gpu_launches",
     "verify_drafts",
+    "speculative_drafts",
     "make_proposer",
     "check_quantization",
     "load_quantized",
@@ -134,6 +135,13 @@ def verify_drafts(logits: torch.Tensor, sampled, generator) -> torch.Tensor:
     from minillm.spec_decode.rejection_sampler import verify_drafts as verify
 
     return verify(logits, sampled, generator)
+
+
+def speculative_drafts(speculative_config: dict) -> int:
+    "Chapter 12: the draft tokens a verification step holds at most (ValueError if malformed)."
+    from minillm.spec_decode.proposers import checked_speculative_config
+
+    return checked_speculative_config(speculative_config)[1]
 
 
 def make_proposer(speculative_config: dict, engine):

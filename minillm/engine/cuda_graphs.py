@@ -69,6 +69,7 @@ class CUDAGraphDecoder:
         self.logits_buffer = torch.empty(
             max_tokens, model.config.vocab_size, dtype=torch.float32, device=device
         )
+        self.staging: list[torch.Tensor] = []  # new recurrent states, one buffer every graph shares
         self.steps, self.logits, self.graphs, self.pending, pool = {}, {}, {}, {}, None
         with torch.inference_mode():  # no autograd state recorded into the graphs
             # largest first: the smaller graphs reuse its memory pool
@@ -113,9 +114,21 @@ class CUDAGraphDecoder:
         # stays alive
         def step():
             ids, positions = self.input_ids[:tokens], self.positions[:tokens]
-            return out.copy_(self.model.compute_logits(self.model(ids, positions, attn)))
+            logits = out.copy_(self.model.compute_logits(self.model(ids, positions, attn)))
+            if self.states is not None:  # (in the graph too) the new states into shared buffers
+                self._stage(self.states.pending)
+            return logits
 
         return step
+
+    def _stage(self, pending: list):
+        """Copy each new state into the buffer all graphs share (made at the largest batch's
+        warm-up, before any capture), so that no graph keeps its own: the pending commits point
+        there."""
+        for i, (states, slots, new) in enumerate(pending):
+            if i == len(self.staging):
+                self.staging.append(torch.empty_like(new))
+            pending[i] = (states, slots, self.staging[i][: len(new)].copy_(new))
 
     def _take_pending(self) -> list:
         "The new states a step left to commit (none without recurrent layers), taken."
@@ -157,19 +170,19 @@ class CUDAGraphDecoder:
             self.cu_verify[: n + 1] = md.cu_seqlens_q
             self.cu_verify[n + 1 : bs + 1] = tokens
         if self.states is not None:
-            self._set_states(batch, n, bs)
+            self._set_states(batch, n, (bs, q))
         if self.capture:
             self.graphs[bs, q].replay()
         else:
             self.logits[bs, q] = self.steps[bs, q]()
         return self.logits[bs, q][:tokens]
 
-    def _set_states(self, batch: FlatBatch, n: int, bs: int):
+    def _set_states(self, batch: FlatBatch, n: int, key: tuple[int, int]):
         """The rows' state slots (padding rows: the scratch slot), whether each starts from nothing
         (a one-token prompt), and the new states the runner commits after this step."""
-        slots = self.kv.state_slots
+        slots, bs = self.kv.state_slots, key[0]
         slots[:n] = host_to_device(torch.tensor(batch.state_slots), slots.device)
         slots[n:bs] = self.states.scratch
         self.fresh[:n] = batch.metadata.context_lens == 1
         self.fresh[n:bs] = True
-        self.states.pending = list(self.pending[bs, 1]) if self.capture else []
+        self.states.pending = list(self.pending[key]) if self.capture else []

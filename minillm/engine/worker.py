@@ -14,6 +14,7 @@ from minillm.engine.assembly import (
     load_attention_backend,
     load_quantized,
     resolve_attention_backend,
+    speculative_drafts,
 )
 from minillm.engine.model_runner import (
     ModelRunner,
@@ -119,6 +120,9 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
     if tp is not None:
         num_blocks = tp.min_over_ranks(num_blocks)
     make = tp.make_runner if tp else ModelRunner
+    num_drafts = 0  # draft tokens a verification step holds (chapter 12), which graphs capture
+    if cfg.speculative_config:
+        num_drafts = speculative_drafts(cfg.speculative_config)
     return make(
         model,
         num_blocks,
@@ -131,5 +135,5 @@ def create_model_runner(cfg: EngineConfig, model_path, max_model_len: int, tp=No
         seed=cfg.seed,
         kv_cache_dtype=cfg.kv_cache_dtype,
         max_num_seqs=cfg.max_num_seqs,
-        num_drafts=(cfg.speculative_config or {}).get("num_speculative_tokens", 0),
+        num_drafts=num_drafts,
     )

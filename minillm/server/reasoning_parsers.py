@@ -123,17 +123,23 @@ class Reasoning:
 def request_reasoning(
     body, parser: type[ReasoningParser] | None, grammar: bool
 ) -> Reasoning | None:
-    """How a chat body's answers are split (None: not at all, no parser or thinking off). A grammar
-    (structured outputs, a required or named tool call) would constrain the reasoning too: while
-    the model thinks, it is refused by name."""
-    if parser is None or not getattr(body, "separate_reasoning", True):
+    """How a chat body's answers are split (None without a parser). A grammar (structured outputs,
+    a required or named tool call) would constrain the reasoning too: while the model thinks, it
+    is refused by name, with how to turn the thinking off where the model can."""
+    if parser is None:
         return None
     thinking = parser.thinks(body.chat_template_kwargs or {})
     if thinking and grammar:
-        refuse(
-            f"structured outputs (response_format, structured_outputs, or tool_choice 'required' "
+        why = (
+            "structured outputs (response_format, structured_outputs, or tool_choice 'required' "
             f"or a named function) would constrain the {parser.name} model's reasoning as well "
-            'as its answer; send chat_template_kwargs {"enable_thinking": false} with them',
+            "as its answer"
+        )
+        if parser.thinks({"enable_thinking": False}):  # a model that always thinks
+            refuse(f"{why}, and it always thinks: they are refused with this parser", "model")
+        refuse(
+            f'{why}; send chat_template_kwargs {{"enable_thinking": false}} with them '
+            "(on /v1/responses: reasoning.effort 'none')",
             "chat_template_kwargs",
         )
     return Reasoning(parser, thinking, body.include_reasoning)

@@ -111,6 +111,8 @@ class ResponsesRequest(BaseModel):
             body["tool_choice"] = _chat_tool_choice(self.tool_choice)  # (auto, no tools: none)
         if self.text and self.text.get("format"):
             body["response_format"] = _chat_format(self.text["format"])
+        if (self.reasoning or {}).get("effort") in ("none", "minimal"):  # no thinking, asked for
+            body["chat_template_kwargs"] = {"enable_thinking": False}  # (Qwen3's template reads it)
         try:
             sent = {k: v for k, v in body.items() if v is not None}
             return ChatCompletionRequest.model_validate(sent)

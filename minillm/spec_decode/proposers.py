@@ -11,6 +11,7 @@ __all__ = [
     "truncated_model_dir",
     "DraftModelProposer",
     "make_proposer",
+    "checked_speculative_config",
 ]
 
 # %% ../../nbs/12_speculative_decoding.ipynb #8579680b
@@ -189,6 +190,13 @@ PROPOSERS = {
 
 def make_proposer(config: dict, engine):
     "The proposer `config` (vLLM's speculative_config) asks for, for `engine`'s model."
+    method, k = checked_speculative_config(config)
+    return PROPOSERS[method][1](config, k, engine)
+
+
+def checked_speculative_config(config: dict) -> tuple[str, int]:
+    """`config`'s method and number of draft tokens (the graphs are captured for them before the
+    proposer is made); ValueError names what is wrong."""
     if not isinstance(config, dict):
         raise ValueError("speculative_config must be a dict, e.g. {'method': 'ngram', ...}")
     method = config.get("method") or ("draft_model" if config.get("model") else None)
@@ -197,7 +205,7 @@ def make_proposer(config: dict, engine):
             f"speculative_config needs 'method': one of {', '.join(map(repr, PROPOSERS))} "
             f"('draft_model' when it names a draft 'model'); got {config!r}"
         )
-    keys, build = PROPOSERS[method]
+    keys = PROPOSERS[method][0]
     unknown = set(config) - keys
     if unknown:
         raise ValueError(
@@ -207,4 +215,4 @@ def make_proposer(config: dict, engine):
     k = config.get("num_speculative_tokens")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
         raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got {k!r}")
-    return build(config, k, engine)
+    return method, k
