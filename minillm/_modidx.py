@@ -2162,6 +2162,10 @@ d = {
                 "openai_api.html#structuredoutputmanager.grammar",
                 "minillm/engine/structured_output.py",
             ),
+            "minillm.engine.structured_output._forbid": (
+                "openai_api.html#_forbid",
+                "minillm/engine/structured_output.py",
+            ),
             "minillm.engine.structured_output.apply_grammars": (
                 "openai_api.html#apply_grammars",
                 "minillm/engine/structured_output.py",

@@ -10,7 +10,7 @@ import torch
 from minillm.course.chapter import chapter_exercises, run_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["4a", "11", "12", "12b", "13", "14", "17"]
+CHAPTERS = ["4a", "11", "12", "12b", "13", "14", "15", "15b", "16", "17"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

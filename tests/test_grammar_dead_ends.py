@@ -66,3 +66,24 @@ def test_served_dead_grammars_are_400s_and_the_engine_goes_on(server):
     assert "cannot spell" in events[-1]["error"]["message"] and events[-1]["error"]["code"] == 400
     assert complete(server, ["t5", "t7"]).json()["choices"][0]["text"].strip() in ("t5", "t7")
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+
+
+def test_a_draft_that_leads_nowhere_is_not_allowed_where_it_was_drafted():
+    """Speculation (chapter 12): the rows after each draft come from the grammar after it; a draft
+    after which no token may come is forbidden in its own row, so the target cannot accept it."""
+    import xgrammar as xgr
+
+    from minillm.bench.random_models import word_tokenizer
+    from minillm.engine.structured_output import StructuredOutputManager
+
+    manager = StructuredOutputManager(word_tokenizer(64), 64, [1])
+
+    def allowed(bitmask, row):
+        return [t for t in range(64) if (int(bitmask[row, t // 32]) >> (t % 32)) & 1]
+
+    grammar = manager.grammar(GuidedDecodingParams(choice=["t5 t6", "t7"]))  # t5: a dead end
+    bitmask = xgr.allocate_token_bitmask(3, 64)
+    assert grammar.fill_bitmask(bitmask, 0, [5, 6]) == 1 and allowed(bitmask, 0) == [7]
+    only = manager.grammar(GuidedDecodingParams(choice=["t5 t6"]))  # nothing else: the request's
+    with pytest.raises(GrammarDeadEnd, match="cannot spell"):
+        only.fill_bitmask(xgr.allocate_token_bitmask(3, 64), 0, [5])

@@ -118,11 +118,22 @@ class Grammar:
             advanced += 1
             if self.matcher.is_terminated():
                 break  # it was EOS: the request ends there
+            self.matcher.fill_next_token_bitmask(bitmask, row + filled + 1)
+            if not bool(bitmask[row + filled + 1].any()):  # no token after d: d is a dead end
+                _forbid(bitmask, row + filled, d)  # so d is not allowed where it was drafted
+                self._check(bitmask[row + filled])
+                break
             filled += 1
-            self.matcher.fill_next_token_bitmask(bitmask, row + filled)
         if advanced:
             self.matcher.rollback(advanced)
         return 1 + filled
+
+
+def _forbid(bitmask: torch.Tensor, row: int, token: int):
+    "Clear `token`'s bit in an xgrammar bitmask row (int32 words, token t at bit t % 32)."
+    bit = 1 << (token % 32)
+    bit = bit - (1 << 32) if bit >= 1 << 31 else bit  # as an int32
+    bitmask[row, token // 32] &= ~bit
 
 
 class StructuredOutputManager:

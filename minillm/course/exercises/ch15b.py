@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from ...models.gated_delta import l2norm, recurrent_gated_delta
+from ..chapter import exercise
 
 
+@exercise("15b", "my_delta_step(q, k, v, g, beta, state)")
 def check_delta_step(fn, trials: int = 20):
     "`fn(q, k, v, g, beta, state) -> (out, state)` for one head, against the batched rule."
     torch.manual_seed(0)
@@ -33,6 +35,7 @@ def check_delta_step(fn, trials: int = 20):
     print("delta step: equal to the rule over", trials, "sequences")
 
 
+@exercise("15b", "my_conv_continue(x, past, weight)")
 def check_conv_continue(fn, trials: int = 20):
     "`fn(x, past, weight) -> (out, past)`, in pieces, against one convolution over the whole."
     rng = random.Random(0)

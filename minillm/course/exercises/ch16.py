@@ -10,8 +10,10 @@ import torch
 
 from ...moe.routing import route
 from ...moe.triton_moe import align_blocks
+from ..chapter import exercise
 
 
+@exercise("16", "my_route(logits, top_k, normalize)")
 def check_route(fn, trials: int = 20):
     "`fn(logits, top_k, normalize) -> (weights, experts)` against the engine's router."
     torch.manual_seed(0)
@@ -26,6 +28,7 @@ def check_route(fn, trials: int = 20):
     print("route: equal to the engine's over", trials, "draws")
 
 
+@exercise("16", "my_align(experts, num_experts, block_m)")
 def check_align(fn, trials: int = 20):
     "`fn(experts, num_experts, block_m) -> (rows, block_expert)` against `align_blocks`."
     torch.manual_seed(0)
