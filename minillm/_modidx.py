@@ -1532,6 +1532,10 @@ d = {
                 "cuda_graphs.html#cudagraphdecoder.run",
                 "minillm/engine/cuda_graphs.py",
             ),
+            "minillm.engine.cuda_graphs.CUDAGraphDecoder.sibling": (
+                "cuda_graphs.html#cudagraphdecoder.sibling",
+                "minillm/engine/cuda_graphs.py",
+            ),
             "minillm.engine.cuda_graphs.graph_batch_sizes": (
                 "cuda_graphs.html#graph_batch_sizes",
                 "minillm/engine/cuda_graphs.py",

@@ -402,7 +402,9 @@ def cmd_bench_latency(args):
 
 def cmd_bench_overhead(args):
     from minillm.bench.engine_loop import host_overhead
+    from minillm.course.chapter import machine_summary
 
+    print(f"on {machine_summary()}")  # the CPU the host's work runs on
     for batch in args.batch:
         print(host_overhead(batch, args.steps, args.repeats, args.prompt_len), flush=True)
 

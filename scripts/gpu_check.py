@@ -20,11 +20,15 @@ keeps what it measured, and OUT_DIR/gpu_check.log as it goes:
    int4-weights, ngram-spec, draft-spec, structured-outputs, server): greedy tokens against their
    reference, whether decode steps replayed CUDA graphs (and if not, the engine's reason), the
    attention backend that ran;
-4. kernels: paged decode (GB/s against the measured copy bandwidth, over batch and context) and
-   varlen prefill (TFLOP/s), against the torch reference;
-5. engine: nano-vllm's workload (256 requests, prompts and outputs uniform in 100-1024, Qwen3-0.6B's
-   shape, bfloat16, dummy weights, ignore_eos) through minillm with and without CUDA graphs, and
-   transformers' continuous batching on a subset it finishes, with output tokens/s and TTFT/TPOT.
+4. kernels: paged decode (GB/s against the measured copy bandwidth, over batch and context; per
+   call from Python and replayed from a CUDA graph) and varlen prefill (TFLOP/s), against the torch
+   reference;
+5. tiles: a sweep of the kernels' tiles on this device (decode and prefill), so that one run
+   yields the data to choose them;
+6. engine: nano-vllm's workload (256 requests, prompts and outputs uniform in 100-1024, Qwen3-0.6B's
+   shape, bfloat16, dummy weights, ignore_eos) through minillm with CUDA graphs (the long form:
+   eager and the torch backend too), its floor at the measured bandwidth, and transformers'
+   continuous batching on a subset it finishes, with output tokens/s and TTFT/TPOT.
 
 Each section has its own time budget (BUDGETS; --long multiplies them): one that fails or runs out
 is recorded with its error and what it measured so far, and the others still run. The dry mode
@@ -62,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("gpu_check")
 
 # each section's time budget in seconds on a GPU: 360 in all, the 6 minutes of an H200's check
-BUDGETS = {"aot": 20, "pytest": 90, "exactness": 45, "features": 80, "kernels": 45, "engine": 80}
+BUDGETS = dict(aot=15, pytest=80, exactness=40, features=70, kernels=40, tiles=50, engine=65)
 LONG, DRY = 4, 600  # --long multiplies the budgets; the dry mode's are wide (an interpreter, CI)
 
 
@@ -513,6 +517,29 @@ def paged_case(seqs: int, new: int, prefix: int, heads: tuple, block_size: int, 
     return pool, md, torch.randn(seqs * new, H, D, dtype=dtype, device=device)
 
 
+def timed(dry: bool, f) -> float:
+    "Seconds a call of `f` takes (triton's do_bench); NaN in dry mode, where `f` runs once."
+    if dry:
+        f()
+        return float("nan")
+    from triton.testing import do_bench
+
+    return do_bench(f) * 1e-3
+
+
+def timed_graph(dry: bool, f, calls: int = 20) -> float:
+    """Seconds a call, replayed from a CUDA graph of `calls` calls: the device's time alone (dry
+    mode: `f` runs once, eagerly)."""
+    if dry:
+        return timed(dry, f)
+    f()  # compiled and warm before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            f()
+    return timed(dry, graph.replay) / calls
+
+
 def run_kernels(run: Run, record: dict):
     """Decode GB/s against the copy bandwidth and prefill TFLOP/s, triton against the torch
     reference."""
@@ -525,23 +552,10 @@ def run_kernels(run: Run, record: dict):
     dtype = torch.float32 if dry else torch.bfloat16
 
     def bench(f):
-        if dry:
-            f()
-            return float("nan")
-        from triton.testing import do_bench
+        return timed(dry, f)
 
-        return do_bench(f) * 1e-3  # seconds
-
-    def bench_graph(f, calls: int = 20):
-        "Seconds a call, replayed from a CUDA graph of `calls` calls: the device's time alone."
-        if dry:
-            return float("nan")
-        f()  # compiled and warm before the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                f()
-        return bench(graph.replay) / calls
+    def bench_graph(f):
+        return timed_graph(dry, f)
 
     bandwidth = float("nan")
     if not dry:
@@ -619,6 +633,69 @@ def run_kernels(run: Run, record: dict):
     record["ok"] = all(not (r["max_error"] > tol) for r in record["decode"] + record["prefill"])
 
 
+# the tiles tried per kernel: decode (keys a tile, warps), prefill (queries and keys a tile, warps)
+DECODE_TILES = [dict(BLOCK_N=n, num_warps=w) for n in (16, 32, 64, 128) for w in (4, 8)]
+PREFILL_TILES = [
+    dict(BLOCK_M=m, BLOCK_N=n, num_warps=w) for m in (32, 64, 128) for n in (32, 64) for w in (4, 8)
+]
+
+
+def run_tiles(run: Run, record: dict):
+    """A tile sweep of chapter 8b's kernels on this device: each candidate of `DECODE_TILES` and
+    `PREFILL_TILES` put in the kernels' table (`TILES`) in turn, timed replayed from a CUDA graph,
+    on one decode case (batch 64 at 2048 tokens) and one prefill case (8 x 1024); bfloat16 at
+    head_dim 128 (the long form: 64, 128 and 256, float16 too). A candidate that does not compile
+    or launch here is recorded with its error. The table is restored after."""
+    from minillm.bench.kernels import decode_attention_bytes
+    from minillm.kernels import triton_attention as ta
+
+    dry, device = run.dry, run.device
+    dtypes = [torch.float32] if dry else [torch.bfloat16, torch.float16][: 2 if run.long else 1]
+    head_dims = [32] if dry else ([64, 128, 256] if run.long else [128])
+    decode_case, prefill_case = ((2, 20), (2, 17)) if dry else ((64, 2048), (8, 1024))
+    torch.manual_seed(0)
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            heads = (16, 8, head_dim) if not dry else (4, 2, head_dim)
+            for kernel, candidates in (("decode", DECODE_TILES), ("prefill", PREFILL_TILES)):
+                key = (kernel, dtype.itemsize, max(head_dim, 64))
+                chosen = ta.TILES[key]
+                for tile in candidates[:2] if dry else candidates:
+                    ta.TILES[key] = tile
+                    row = dict(kernel=kernel, dtype=str(dtype), head_dim=head_dim, **tile)
+                    row["chosen"] = tile == chosen
+                    try:
+                        if kernel == "decode":
+                            batch, context = decode_case
+                            pool, md, q = paged_case(
+                                batch, 1, context - 1, heads, 16, dtype, device
+                            )
+                            plan = ta.plan_triton_attention(pool, md)
+                            t = timed_graph(
+                                dry, lambda: ta.paged_attention_triton(pool, 0, q, plan)
+                            )
+                            nbytes = decode_attention_bytes(
+                                batch, context, *heads, q.element_size()
+                            )
+                            row |= dict(us=t * 1e6, GBps=nbytes / t / 1e9)
+                        else:
+                            seqs, chunk = prefill_case
+                            pool, md, q = paged_case(seqs, chunk, 0, heads, 16, dtype, device)
+                            plan = ta.plan_triton_attention(pool, md)
+                            t = timed_graph(
+                                dry, lambda: ta.paged_attention_triton(pool, 0, q, plan)
+                            )
+                            flops = 4 * heads[0] * head_dim * seqs * chunk * (chunk + 1) // 2
+                            row |= dict(us=t * 1e6, TFLOPs=flops / t / 1e12)
+                    except Exception as e:  # out of shared memory, registers...
+                        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    finally:
+                        ta.TILES[key] = chosen
+                        pool = None
+                    run.row(record, "tiles", row)
+    record["ok"] = any("error" not in r for r in record.get("tiles", []))
+
+
 def hf_with_dummy_weights(path: Path, dtype, device):
     "transformers' model of `path`'s config with minillm's dummy weights (load_format='dummy')."
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -634,12 +711,16 @@ def hf_with_dummy_weights(path: Path, dtype, device):
 
 
 def run_engine(run: Run, record: dict):
-    """nano-vllm's workload through minillm (triton with CUDA graphs, then eagerly; the long form
-    adds the torch backend) on dummy weights, and transformers' continuous batching on as many of
-    the same requests as it finishes in time (all of them in the long form)."""
+    """nano-vllm's workload through minillm (triton with CUDA graphs; the long form adds triton
+    eager and the torch backend) on dummy weights, against its floor (chapter 17: every step reads
+    the weights and the running sequences' K/V, at the copy bandwidth the kernels section
+    measured), and transformers' continuous batching on as many of the same requests as it
+    finishes in time (all of them in the long form)."""
+    from minillm.bench.engine_loop import workload_floor
     from minillm.bench.offline import random_workload, run_hf_continuous
     from minillm.bench.random_models import random_model_dir
     from minillm.llm import LLM
+    from minillm.models.decoder import kv_cache_bytes_per_token
     from minillm.sampling import SamplingParams
 
     device, dry = run.device, run.dry
@@ -656,11 +737,9 @@ def run_engine(run: Run, record: dict):
         dtype=dtype,
         weights="dummy",
     )
-    setups = {
-        "triton + CUDA graphs": dict(attention_backend="triton", enforce_eager=False),
-        "triton eager": dict(attention_backend="triton", enforce_eager=True),
-    }
-    if run.long:
+    setups = {"triton + CUDA graphs": dict(attention_backend="triton", enforce_eager=False)}
+    if run.long:  # (eager ran at half the graphs' speed on the H200, 2026-12-04)
+        setups["triton eager"] = dict(attention_backend="triton", enforce_eager=True)
         setups["torch"] = dict(attention_backend="torch", enforce_eager=True)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in w.output_lens]
     for name, kw in setups.items():
@@ -682,6 +761,9 @@ def run_engine(run: Run, record: dict):
         secs = time.perf_counter() - t
         lat = [o.metrics for o in outs]
         tokens = sum(len(o.token_ids) for o in outs)
+        model = llm.engine.model
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        per_token = kv_cache_bytes_per_token(model.config, getattr(torch, dtype))
         run.row(
             record,
             "runs",
@@ -723,6 +805,16 @@ def run_engine(run: Run, record: dict):
     )
     ours = [r for r in record["runs"] if r["setup"] == "triton + CUDA graphs"][0]
     record["graphs_vs_transformers"] = ours["tokens_per_s"] / theirs  # (transformers: a subset)
+    bandwidth = run.results.get("kernels", {}).get("copy_bandwidth_GBps", float("nan")) * 1e9
+    floor = workload_floor([len(p) for p in w.prompts], w.output_lens, weight_bytes, per_token)
+    floor_s = floor / bandwidth
+    record["floor"] = dict(
+        bytes=floor,
+        bandwidth_GBps=bandwidth / 1e9,
+        seconds=floor_s,
+        tokens_per_s=w.output_tokens / floor_s,
+        graphs_fraction=ours["tokens_per_s"] * floor_s / w.output_tokens,
+    )
     record["ok"] = all(r["output_tokens"] == w.output_tokens for r in record["runs"][:-1])
 
 
@@ -732,6 +824,7 @@ SECTIONS = {
     "exactness": run_exactness,
     "features": run_features,
     "kernels": run_kernels,
+    "tiles": run_tiles,
     "engine": run_engine,
 }
 

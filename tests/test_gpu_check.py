@@ -44,7 +44,7 @@ def test_gpu_check_dry_mode(tmp_path):
     res = json.loads((tmp_path / "gpu_check.json").read_text())
     assert res["meta"]["dry"] and (tmp_path / "gpu_check.log").stat().st_size > 0
     assert "pytest| " in (tmp_path / "gpu_check.log").read_text()  # line by line, as it ran
-    for name in ("aot", "pytest", "exactness", "features", "kernels", "engine"):
+    for name in ("aot", "pytest", "exactness", "features", "kernels", "tiles", "engine"):
         assert res[name]["ok"] and res[name]["budget_s"] > 0, (name, res[name])
     assert set(res["aot"]["beyond_the_report"]) >= {"launch", "timing"}
     assert [m["shape"] for m in res["exactness"]["models"]] == [
@@ -56,7 +56,9 @@ def test_gpu_check_dry_mode(tmp_path):
     row = res["features"]["paths"][0]
     assert {"greedy_equal", "cuda_graphs", "attention_backend", "ok"} <= set(row)
     runs = {run["setup"]: run for run in res["engine"]["runs"]}
-    assert set(runs) == {"triton + CUDA graphs", "triton eager", "transformers continuous batching"}
+    assert set(runs) == {"triton + CUDA graphs", "transformers continuous batching"}
+    assert {"kernel", "dtype", "head_dim", "us", "chosen"} <= set(res["tiles"]["tiles"][0])
+    assert {"bytes", "seconds", "graphs_fraction"} <= set(res["engine"]["floor"])
     assert all(
         run["output_tokens"] == res["engine"]["workload"]["output_tokens"] for run in runs.values()
     )

@@ -77,12 +77,11 @@ class HostOverhead:
     ms: float
     low: float
     high: float
-    cpu: str
 
     def __str__(self) -> str:
         return (
             f"host overhead at batch {self.batch}: {self.ms:.2f} ms per step "
-            f"({self.low:.2f}-{self.high:.2f}) on {self.cpu}"
+            f"({self.low:.2f}-{self.high:.2f})"
         )
 
 
@@ -93,7 +92,6 @@ def host_overhead(
     tensors, block tables, sampling, reading tokens, detokenizing, updating requests), its forward
     made free (`null_forward`): the median over `repeats` runs of the mean step of `steps`."""
     from minillm.bench.random_models import random_model_dir
-    from minillm.course.chapter import machine_summary
     from minillm.llm import LLM
     from minillm.sampling import SamplingParams
 
@@ -124,5 +122,4 @@ def host_overhead(
         times.append((time.perf_counter() - t) / steps * 1e3)
         while engine.has_unfinished_requests():
             engine.step()
-    cpu = machine_summary().split(" (")[0]
-    return HostOverhead(batch, statistics.median(times), min(times), max(times), cpu)
+    return HostOverhead(batch, statistics.median(times), min(times), max(times))

@@ -130,6 +130,12 @@ class CUDAGraphDecoder:
                 self.staging.append(torch.empty_like(new))
             pending[i] = (states, slots, self.staging[i][: len(new)].copy_(new))
 
+    def sibling(self, model, cache: PagedKVCache) -> "CUDAGraphDecoder":
+        "Decode graphs of the same sizes for another model and its pool (chapter 12's draft)."
+        return CUDAGraphDecoder(
+            model, cache, self.batch_sizes[-1], self.max_model_len, self.capture
+        )
+
     def _take_pending(self) -> list:
         "The new states a step left to commit (none without recurrent layers), taken."
         if self.states is None:

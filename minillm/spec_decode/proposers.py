@@ -117,10 +117,7 @@ class DraftModelProposer:
         self.num_speculative_tokens = num_speculative_tokens
         self.graphs = None  # the draft's one-token steps, replayed where the target's are
         if runner.graphs is not None:
-            from minillm.engine.cuda_graphs import CUDAGraphDecoder
-
-            shape = runner.graphs.batch_sizes[-1], runner.graphs.max_model_len
-            self.graphs = CUDAGraphDecoder(self.model, self.cache, *shape)
+            self.graphs = runner.graphs.sibling(self.model, self.cache)
         self.done = weakref.WeakKeyDictionary()  # request -> tokens whose K/V the draft holds
 
     def _forward(self, seqs: list[Sequence], counts: list[int]) -> torch.Tensor:
