@@ -295,24 +295,13 @@ def run_exactness(run: Run, record: dict):
 
 
 def tiny_families() -> dict:
-    """The tiny random-weight decoders of the test suite (tests/*.py), the same shapes CI checks on
-    CPU: a llama, Gemma 3's sliding windows, Qwen3.5's recurrent layers, Qwen3-MoE's experts."""
+    """The tiny random-weight decoders of the test suite (tests/test_model_sources.py's), the same
+    shapes CI checks on CPU: a llama, Gemma 3's sliding windows, Qwen3.5's recurrent layers,
+    Qwen3-MoE's experts."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from helpers import TINY_DECODER
-    from test_hybrid_models import GEMMA3
-    from test_linear_attention import QWEN3_5
-    from test_moe import QWEN3_MOE
+    from test_model_sources import ARCHITECTURES
 
-    llama = TINY_DECODER | dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        hidden_size=128,
-    )
-    return {"llama": llama, "gemma3": GEMMA3, "qwen3_5": QWEN3_5, "qwen3_moe": QWEN3_MOE}
+    return ARCHITECTURES
 
 
 # path -> (family, the engine's options, what its tokens are held to)
