@@ -102,12 +102,20 @@ d = {
                 "engine_loop.html#stepfloor.seconds",
                 "minillm/bench/engine_loop.py",
             ),
+            "minillm.bench.engine_loop.device_bandwidth": (
+                "engine_loop.html#device_bandwidth",
+                "minillm/bench/engine_loop.py",
+            ),
             "minillm.bench.engine_loop.host_overhead": (
                 "engine_loop.html#host_overhead",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.null_forward": (
                 "engine_loop.html#null_forward",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.run_floor": (
+                "engine_loop.html#run_floor",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.step_floor": (

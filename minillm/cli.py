@@ -363,6 +363,7 @@ def _random_requests(args, tokenizer) -> list:
 
 
 def cmd_bench_throughput(args):
+    from minillm.bench.engine_loop import run_floor
     from minillm.bench.vllm_bench import (
         check_dataset,
         print_throughput,
@@ -373,9 +374,16 @@ def cmd_bench_throughput(args):
 
     check_dataset(args.dataset_name)  # before the model loads
     llm = LLM(**engine_kwargs(args))
-    result = throughput_benchmark(llm, _random_requests(args, llm.tokenizer))
+    requests = _random_requests(args, llm.tokenizer)
+    result = throughput_benchmark(llm, requests)
     result["model_id"] = llm.engine.model_name
     print_throughput(result)
+    result |= run_floor(llm, [len(p) for p, _ in requests], [n for _, n in requests])
+    share = result["output_tokens_per_second"] / result["floor_output_tokens_per_second"]
+    print(  # chapter 17: what every step must read, at this device's measured bandwidth
+        f"Floor: {result['floor_output_tokens_per_second']:.2f} output tokens/s "
+        f"(the weights and the K/V at {result['bandwidth_GBps']:.0f} GB/s); this run: {share:.1%}"
+    )
     if args.output_json:
         write_json(args.output_json, result)
 

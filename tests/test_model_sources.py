@@ -197,6 +197,8 @@ def test_vllm_bench_throughput_and_latency(tmp_path, capsys):
         "requests/s," in text
         and f"Total num output tokens:  {r['total_num_output_tokens']}" in text
     )
+    # and chapter 17's floor: what the run's steps must read, at this machine's bandwidth
+    assert "Floor: " in text and r["floor_output_tokens_per_second"] > r["output_tokens_per_second"]
     out = tmp_path / "l.json"
     main(
         ["bench", "latency", *flags, "--input-len", "8", "--output-len", "4", "--batch-size", "2"]

@@ -7,6 +7,8 @@ __all__ = [
     "StepFloor",
     "step_floor",
     "workload_floor",
+    "device_bandwidth",
+    "run_floor",
     "null_forward",
     "HostOverhead",
     "host_overhead",
@@ -59,6 +61,46 @@ def workload_floor(prompt_lens, output_lens, weight_bytes: int, kv_bytes_per_tok
     for p, n in zip(prompt_lens, output_lens):  # step s reads p + s tokens of K/V, s < n
         total += kv_bytes_per_token * (n * p + n * (n - 1) // 2)
     return total
+
+
+def device_bandwidth(device) -> float:
+    """Bytes a second this device's memory is read at: a CPU's measured peak (chapter 3's
+    `machine_peaks`), a GPU's copy of 1 GiB (read and written), the best of five."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        from minillm.bench.measure import machine_peaks
+
+        return machine_peaks()["bandwidth"]
+    src = torch.empty(2**30, dtype=torch.uint8, device=device)
+    dst, best = torch.empty_like(src), float("inf")
+    for _ in range(6):  # the first warms up
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() / best
+
+
+def run_floor(llm, prompt_lens: list[int], output_lens: list[int]) -> dict:
+    """The floor of a run of these requests, all at once, on `llm`'s model and device: the bytes
+    `workload_floor` counts (its KV pool's bytes a token: one-byte pools count one byte; sliding
+    windows are counted whole, so for them it is an estimate, not a bound), at the device's
+    bandwidth."""
+    model, runner = llm.engine.model, llm.engine.runner
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv = runner.kv_config
+    per_token = kv.block_bytes * len(kv.groups) // kv.block_size
+    total = workload_floor(prompt_lens, output_lens, weight_bytes, per_token)
+    bandwidth = device_bandwidth(runner.device)
+    seconds = total / bandwidth
+    tokens = sum(output_lens)
+    return dict(
+        floor_bytes=total,
+        bandwidth_GBps=bandwidth / 1e9,
+        floor_seconds=seconds,
+        floor_output_tokens_per_second=tokens / seconds,
+    )
 
 
 def null_forward(runner, vocab_size: int):
