@@ -94,20 +94,12 @@ d = {
                 "engine_loop.html#hostoverhead.__str__",
                 "minillm/bench/engine_loop.py",
             ),
-            "minillm.bench.engine_loop.StepFloor": (
-                "engine_loop.html#stepfloor",
-                "minillm/bench/engine_loop.py",
-            ),
-            "minillm.bench.engine_loop.StepFloor.seconds": (
-                "engine_loop.html#stepfloor.seconds",
-                "minillm/bench/engine_loop.py",
-            ),
-            "minillm.bench.engine_loop.device_bandwidth": (
-                "engine_loop.html#device_bandwidth",
-                "minillm/bench/engine_loop.py",
-            ),
             "minillm.bench.engine_loop.host_overhead": (
                 "engine_loop.html#host_overhead",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.memory_bandwidth": (
+                "engine_loop.html#memory_bandwidth",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.null_forward": (
@@ -116,10 +108,6 @@ d = {
             ),
             "minillm.bench.engine_loop.run_floor": (
                 "engine_loop.html#run_floor",
-                "minillm/bench/engine_loop.py",
-            ),
-            "minillm.bench.engine_loop.step_floor": (
-                "engine_loop.html#step_floor",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.workload_floor": (

@@ -533,7 +533,7 @@ def run_kernels(run: Run, record: dict):
     """Decode GB/s against the copy bandwidth and prefill TFLOP/s, triton against the torch
     reference."""
     from minillm.attention.paged import paged_attention_torch
-    from minillm.bench.kernels import decode_attention_bytes
+    from minillm.bench.kernels import decode_attention_bytes, device_bandwidth
     from minillm.kernels.triton_attention import paged_attention_triton, plan_triton_attention
 
     dry, device = run.dry, run.device
@@ -546,12 +546,7 @@ def run_kernels(run: Run, record: dict):
     def bench_graph(f):
         return timed_graph(dry, f)
 
-    bandwidth = float("nan")
-    if not dry:
-        src = torch.empty(2**30, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        bandwidth = 2 * src.numel() / bench(lambda: dst.copy_(src))
-        del src, dst
+    bandwidth = float("nan") if dry else device_bandwidth()  # a copy of 1 GiB
     record |= dict(copy_bandwidth_GBps=bandwidth / 1e9, heads=list(heads), dtype=str(dtype))
     torch.manual_seed(0)
     for batch, context in (

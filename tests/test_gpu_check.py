@@ -80,9 +80,7 @@ def test_a_section_over_its_budget_keeps_what_it_measured(tmp_path, monkeypatch)
         run.row(record, "decode", {"batch": 1})
         time.sleep(30)  # cut at 1 s
 
-    t = time.perf_counter()
-    run.section("kernels", slow)
-    assert time.perf_counter() - t < 10
+    run.section("kernels", slow)  # (were the alarm not raised, no error would be recorded)
     saved = json.loads((tmp_path / "gpu_check.json").read_text())["kernels"]
     assert saved["decode"] == [{"batch": 1}] and "over its budget of 1 s" in saved["error"]
     run.section("kernels", lambda run, record: 1 / 0)  # an error: recorded, not raised

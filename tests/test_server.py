@@ -314,6 +314,21 @@ def test_tool_choice_auto_needs_the_flag_as_in_vllm(client):
     assert "--enable-auto-tool-choice" in e.value.body["message"]
 
 
+def test_include_reasoning_false_needs_a_reasoning_parser(client):
+    "Without --reasoning-parser nothing tells the thinking apart: dropping it is refused by name."
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=NAME, messages=messages, max_tokens=2, extra_body={"include_reasoning": False}
+        )
+    assert e.value.body["param"] == "include_reasoning"
+    assert "--reasoning-parser" in e.value.body["message"]
+    r = client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=2, extra_body={"include_reasoning": True}
+    )
+    assert r.choices[0].message.content is not None
+
+
 def test_long_message_content_is_accepted_and_parts_are_bounded():
     # a message's string may be long (a system prompt of a few KB); only lists of parts are bounded
     from pydantic import ValidationError

@@ -4,10 +4,8 @@
 
 # %% auto #0
 __all__ = [
-    "StepFloor",
-    "step_floor",
     "workload_floor",
-    "device_bandwidth",
+    "memory_bandwidth",
     "run_floor",
     "null_forward",
     "HostOverhead",
@@ -22,35 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.decoder import kv_cache_bytes_per_token
-
-
-@dataclass
-class StepFloor:
-    "What one step must do at the least: read `bytes` from memory and compute `flops`."
-
-    bytes: float
-    flops: float
-
-    def seconds(self, bandwidth: float, peak_flops: float) -> float:
-        "The step's time on a device with this memory bandwidth and this peak (bytes/s, FLOP/s)."
-        return max(self.bytes / bandwidth, self.flops / peak_flops)
-
-
-def step_floor(
-    cfg, weight_bytes: int, context_lens: list[int], new_tokens: int, dtype
-) -> StepFloor:
-    """The floor of one step of a model with `cfg`'s shape and `weight_bytes` of weights: every
-    weight read once, the K/V of every scheduled sequence's context (`context_lens`) read once;
-    2 FLOPs a weight a new token, and attention's 4 x heads x head_dim a (query, key) pair (new
-    tokens are counted at their sequence's whole context: a decode's one token, exactly)."""
-    kv = kv_cache_bytes_per_token(cfg, dtype) * sum(context_lens)
-    params = weight_bytes / torch.empty((), dtype=dtype).element_size()
-    attention = 4 * cfg.num_heads * cfg.head_dim * cfg.num_layers * sum(context_lens)
-    return StepFloor(
-        weight_bytes + kv, 2 * params * new_tokens + attention * new_tokens / len(context_lens)
-    )
-
 
 def workload_floor(prompt_lens, output_lens, weight_bytes: int, kv_bytes_per_token: int) -> float:
     """Bytes every decode step of a workload reads at the least, all requests running from the
@@ -63,23 +32,16 @@ def workload_floor(prompt_lens, output_lens, weight_bytes: int, kv_bytes_per_tok
     return total
 
 
-def device_bandwidth(device) -> float:
+def memory_bandwidth(device) -> float:
     """Bytes a second this device's memory is read at: a CPU's measured peak (chapter 3's
-    `machine_peaks`), a GPU's copy of 1 GiB (read and written), the best of five."""
-    device = torch.device(device)
-    if device.type == "cpu":
+    `machine_peaks`), a GPU's measured copy (chapter 8b's `device_bandwidth`)."""
+    if torch.device(device).type == "cpu":
         from minillm.bench.measure import machine_peaks
 
         return machine_peaks()["bandwidth"]
-    src = torch.empty(2**30, dtype=torch.uint8, device=device)
-    dst, best = torch.empty_like(src), float("inf")
-    for _ in range(6):  # the first warms up
-        torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() / best
+    from minillm.bench.kernels import device_bandwidth
+
+    return device_bandwidth()
 
 
 def run_floor(llm, prompt_lens: list[int], output_lens: list[int]) -> dict:
@@ -92,7 +54,7 @@ def run_floor(llm, prompt_lens: list[int], output_lens: list[int]) -> dict:
     kv = runner.kv_config
     per_token = kv.block_bytes * len(kv.groups) // kv.block_size
     total = workload_floor(prompt_lens, output_lens, weight_bytes, per_token)
-    bandwidth = device_bandwidth(runner.device)
+    bandwidth = memory_bandwidth(runner.device)
     seconds = total / bandwidth
     tokens = sum(output_lens)
     return dict(

@@ -94,13 +94,14 @@ def store_kv(
     # qkv output
     if not (k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == D):
         raise ValueError("store_kv needs each token's k and v heads in one contiguous row")
-    scaled = quantized(cache)
-    if scaled:  # (torch ops on the device: a CUDA graph captures them too)
+    scales = []  # a one-byte pool's rows, quantized, and their scales beside them
+    if quantized(cache):  # (torch ops on the device: a CUDA graph captures them too)
         (k, k_scale), (v, v_scale) = (quantize_kv(x, cache.k.dtype) for x in (k, v))
-    rows = [(k, v, cache.k[layer], cache.v[layer], H * D)]
-    if scaled:
-        rows.append((k_scale, v_scale, cache.k_scale[layer], cache.v_scale[layer], H))
-    for new_k, new_v, k_pool, v_pool, width in rows:
+        scales = [(k_scale, v_scale, cache.k_scale[layer], cache.v_scale[layer], H)]
+    for new_k, new_v, k_pool, v_pool, width in [
+        (k, v, cache.k[layer], cache.v[layer], H * D),
+        *scales,
+    ]:
         _store_kv_kernel[(T,)](
             new_k,
             new_v,

@@ -182,10 +182,10 @@ PIECES = {  # a checkpoint's per-expert tensors: (our stacked tensor, its part)
 
 
 class MoECausalLM(CausalLM):
-    "Chapter 2's decoder with `SparseMoeBlock` as the feed-forward layer where `moe_layers` says."
+    """Chapter 2's decoder with `SparseMoeBlock` as the feed-forward layer where `moe_layers` says;
+    its decode steps are captured as a dense model's (on a GPU the experts align on the device)."""
 
-    config_class = MoEConfig  # (its decode steps are captured: on a GPU the experts align on
-    # the device, `align_blocks`)
+    config_class = MoEConfig
 
     def __init__(self, cfg: MoEConfig):
         super().__init__(cfg)

@@ -323,8 +323,12 @@ class Responder:
             choice["stop_reason"] = o.outputs[0].stop_reason  # the stop string or token id
             if self.chat:
                 fields, text = self.reasoning.complete(o.text) if self.reasoning else ({}, o.text)
-                choice["message"] = {"role": "assistant", "content": text, **fields}
-                choice["message"] |= EMPTY_MESSAGE
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": text,
+                    **fields,
+                    **EMPTY_MESSAGE,
+                }
             else:  # vLLM sends the keys of chapter 12b's return_token_ids always
                 choice |= {"text": o.text, "token_ids": None, "prompt_token_ids": None}
             choices.append(self.extras.complete(choice, o) if self.extras else choice)
@@ -469,7 +473,15 @@ class ServerContext:
         return output_extras(body, chat, tool_mode, self.tokenizer, self.parser)
 
     def reasoning(self, body, chat: bool, params: SamplingParams):
-        "Chapter 12b: how a chat's answers are split into reasoning and content, or None."
+        """Chapter 12b: how a chat's answers are split into reasoning and content, or None (and
+        include_reasoning false refused without a parser: nothing tells the thinking apart)."""
+        if chat and self.reasoning_parser is None and not body.include_reasoning:
+            raise APIError(
+                400,
+                "include_reasoning false needs a server started with --reasoning-parser: without "
+                "one, the model's thinking is not told from its answer",
+                param="include_reasoning",
+            )
         if not chat or self.reasoning_parser is None:
             return None
         from minillm.server.reasoning_parsers import request_reasoning
