@@ -773,6 +773,10 @@ d = {
                 "scheduler.html#request.__post_init__",
                 "minillm/core/request.py",
             ),
+            "minillm.core.request.Request.drop_placeholders": (
+                "scheduler.html#request.drop_placeholders",
+                "minillm/core/request.py",
+            ),
             "minillm.core.request.Request.finished": (
                 "scheduler.html#request.finished",
                 "minillm/core/request.py",
@@ -815,6 +819,10 @@ d = {
                 "scheduler.html#scheduler.__init__",
                 "minillm/core/scheduler.py",
             ),
+            "minillm.core.scheduler.Scheduler._advance": (
+                "scheduler.html#scheduler._advance",
+                "minillm/core/scheduler.py",
+            ),
             "minillm.core.scheduler.Scheduler._lookahead": (
                 "scheduler.html#scheduler._lookahead",
                 "minillm/core/scheduler.py",
@@ -833,6 +841,10 @@ d = {
             ),
             "minillm.core.scheduler.Scheduler.add": (
                 "scheduler.html#scheduler.add",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.append": (
+                "scheduler.html#scheduler.append",
                 "minillm/core/scheduler.py",
             ),
             "minillm.core.scheduler.Scheduler.check": (
@@ -857,6 +869,10 @@ d = {
             ),
             "minillm.core.scheduler.Scheduler.update": (
                 "scheduler.html#scheduler.update",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.update_ahead": (
+                "scheduler.html#scheduler.update_ahead",
                 "minillm/core/scheduler.py",
             ),
             "minillm.core.scheduler.SchedulerOutput": (
@@ -1478,6 +1494,10 @@ d = {
                 "engine.html#engineconfig",
                 "minillm/engine/config.py",
             ),
+            "minillm.engine.config.EngineConfig._async_scheduling": (
+                "engine.html#engineconfig._async_scheduling",
+                "minillm/engine/config.py",
+            ),
             "minillm.engine.config.EngineConfig.resolved": (
                 "engine.html#engineconfig.resolved",
                 "minillm/engine/config.py",
@@ -1910,12 +1930,20 @@ d = {
                 "engine.html#llmengine.enqueue",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.LLMEngine.execute_one_by_one": (
+                "engine.html#llmengine.execute_one_by_one",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.LLMEngine.has_unfinished_requests": (
                 "engine.html#llmengine.has_unfinished_requests",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.LLMEngine.make_request": (
                 "engine.html#llmengine.make_request",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.LLMEngine.process": (
+                "engine.html#llmengine.process",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.LLMEngine.shutdown": (
@@ -2054,6 +2082,18 @@ d = {
                 "model_runner.html#modelrunner.graphs_refused",
                 "minillm/engine/model_runner.py",
             ),
+            "minillm.engine.model_runner.ModelRunner.logits": (
+                "model_runner.html#modelrunner.logits",
+                "minillm/engine/model_runner.py",
+            ),
+            "minillm.engine.model_runner.ModelRunner.prepare": (
+                "model_runner.html#modelrunner.prepare",
+                "minillm/engine/model_runner.py",
+            ),
+            "minillm.engine.model_runner.ModelRunner.sample": (
+                "model_runner.html#modelrunner.sample",
+                "minillm/engine/model_runner.py",
+            ),
             "minillm.engine.model_runner.ModelRunner.shutdown": (
                 "model_runner.html#modelrunner.shutdown",
                 "minillm/engine/model_runner.py",
@@ -2070,6 +2110,57 @@ d = {
                 "model_runner.html#profile_run",
                 "minillm/engine/model_runner.py",
             ),
+        },
+        "minillm.engine.overlap": {
+            "minillm.engine.overlap.OverlapLoop": (
+                "engine_loop.html#overlaploop",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop.__init__": (
+                "engine_loop.html#overlaploop.__init__",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop._launch": (
+                "engine_loop.html#overlaploop._launch",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop._read": (
+                "engine_loop.html#overlaploop._read",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop._sample": (
+                "engine_loop.html#overlaploop._sample",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop.busy": (
+                "engine_loop.html#overlaploop.busy",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop.close": (
+                "engine_loop.html#overlaploop.close",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop.step": (
+                "engine_loop.html#overlaploop.step",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.StepInFlight": (
+                "engine_loop.html#stepinflight",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.StepInFlight.fill_placeholders": (
+                "engine_loop.html#stepinflight.fill_placeholders",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.StepInFlight.tokens": (
+                "engine_loop.html#stepinflight.tokens",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.overlap_refusal": (
+                "engine_loop.html#overlap_refusal",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.ran": ("engine_loop.html#ran", "minillm/engine/overlap.py"),
         },
         "minillm.engine.sampler": {
             "minillm.engine.sampler.Sampler": (

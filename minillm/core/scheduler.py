@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
-from .request import Request, RequestStatus
+from .request import PLACEHOLDER, Request, RequestStatus
 
 
 # %% ../../nbs/06_scheduler.ipynb #042107ed
@@ -22,6 +22,7 @@ class SchedulerOutput:
     requests: list[Request]
     num_tokens: list[int]  # new tokens per request, same order
     preempted: list[Request] = field(default_factory=list)
+    num_prefill_tokens: int = 0  # of its tokens, those of prompts (and of recomputed outputs)
 
     @property
     def total_tokens(self) -> int:
@@ -95,6 +96,9 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        out.num_prefill_tokens = sum(
+            n for r, n in zip(out.requests, out.num_tokens) if r.is_prefilling
+        )
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -104,8 +108,8 @@ class Scheduler:
         decodes_first = sorted(self.running, key=lambda r: r.num_pending_tokens > 1)  # stable
         for req in decodes_first:
             n = min(req.num_pending_tokens + self._lookahead(req), budget)
-            if req in preempted or n == 0:
-                continue
+            if req in preempted or n == 0 or req.num_output_tokens >= req.max_tokens:
+                continue  # (done at its length once its token in flight is read, chapter 17)
             while not self.bm.can_allocate(req, n):
                 victim = self.running.pop()  # the newest
                 self._preempt(victim)
@@ -187,6 +191,7 @@ class Scheduler:
         self.bm.free(req)
         req.num_computed_tokens = 0
         req.spec_token_ids = []
+        req.drop_placeholders()
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.finish_time = time.perf_counter()
@@ -195,15 +200,34 @@ class Scheduler:
         """After the forward pass: append each request's new tokens (none for a prompt chunk, else
         one; with drafts, chapter 12, the accepted drafts and one more), advance its computed tokens
         past what was verified, cache its full blocks."""
-        now = time.perf_counter()
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
-            drafts, accepted = len(req.spec_token_ids), max(0, len(tokens) - 1)
-            req.num_computed_tokens += n - drafts + accepted  # rejected drafts' K/V do not count
-            req.num_draft_tokens += drafts
-            req.num_accepted_tokens += accepted
-            self.num_draft_tokens += drafts
-            self.num_accepted_tokens += accepted
-            req.spec_token_ids = []
-            req.token_ids += tokens
-            req.token_times += [now] * len(tokens)
-            self.bm.cache_blocks(req)
+            self._advance(req, n, max(0, len(tokens) - 1))
+            self.append(req, tokens)
+
+    def _advance(self, req: Request, n: int, accepted: int):
+        "Count `n` tokens computed for it, of which its rejected drafts' K/V do not count."
+        drafts = len(req.spec_token_ids)
+        req.num_computed_tokens += n - drafts + accepted
+        req.num_draft_tokens += drafts
+        req.num_accepted_tokens += accepted
+        self.num_draft_tokens += drafts
+        self.num_accepted_tokens += accepted
+        req.spec_token_ids = []
+
+    def append(self, req: Request, tokens: list[int]):
+        "A request's new tokens, read back: appended, timed, and its full blocks cached."
+        req.token_ids += tokens
+        req.token_times += [time.perf_counter()] * len(tokens)
+        self.bm.cache_blocks(req)
+
+    def update_ahead(self, out: SchedulerOutput, samples: list[bool]):
+        """Chapter 17's overlap: the step `out` is on the device, its tokens unread. Count its
+        tokens computed and give each request that samples a placeholder for its new token, so
+        that the next step can be planned now (`append` puts the token in its place once read)."""
+        for req, n, samples_one in zip(out.requests, out.num_tokens, samples):
+            if req.finished:  # (it stopped at the token read while this step ran)
+                continue
+            self._advance(req, n, 0)
+            if samples_one:
+                req.token_ids.append(PLACEHOLDER)
+                req.num_placeholders += 1

@@ -7,6 +7,7 @@ __all__ = ["EngineConfig", "cpu_has_native_bf16", "auto_dtype", "EngineDeadError
 
 # %% ../../nbs/07b_engine.ipynb #c79cbd4c
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +56,8 @@ class EngineConfig:
     # the secret both KV transfer sides sign their messages with (default: the environment's
     # MINILLM_KV_TRANSFER_SECRET); needed off loopback; never printed
     kv_transfer_secret: str | None = field(default=None, repr=False)
+    # plan step N+1 while the device runs step N (chapter 17); None: on CUDA where it can run
+    async_scheduling: bool | None = None
 
     def resolved(self) -> "EngineConfig":
         "A copy with 'auto' settled for this machine."
@@ -84,7 +87,22 @@ class EngineConfig:
             from minillm.engine.kv_transfer import check_kv_transfer
 
             check_kv_transfer(self)
-        return dataclasses.replace(self, device=device, dtype=dtype)
+        return dataclasses.replace(
+            self, device=device, dtype=dtype, async_scheduling=self._async_scheduling(device)
+        )
+
+    def _async_scheduling(self, device: str) -> bool:
+        "Whether the engine plans a step ahead (chapter 17): asked for, or by default on CUDA."
+        if self.async_scheduling is False:
+            return False
+        from minillm.engine.overlap import overlap_refusal
+
+        refusal = overlap_refusal(self)
+        if refusal and self.async_scheduling:
+            raise ValueError(f"async_scheduling cannot run with {refusal}")
+        if refusal and device.startswith("cuda"):
+            logging.getLogger("minillm").warning("async scheduling: off for %s", refusal)
+        return not refusal and (self.async_scheduling or device.startswith("cuda"))
 
 
 def cpu_has_native_bf16() -> bool:

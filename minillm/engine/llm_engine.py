@@ -261,6 +261,12 @@ class LLMEngine:
 
             self.kv_connector = make_kv_connector(cfg, self.runner.cache, self.scheduler)
             self.stops.append(self.kv_connector.close)
+        self.overlap = None
+        if self.config.async_scheduling:  # chapter 17: the host a step ahead of the device
+            from minillm.engine.overlap import OverlapLoop
+
+            self.overlap = OverlapLoop(self)
+            self.stops.append(self.overlap.close)
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self.last_iteration = IterationStats(0, 0, 0)  # the newest step's token counts
 
@@ -378,10 +384,13 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         pending = self.kv_connector.num_pending if self.kv_connector is not None else 0
-        return self.scheduler.num_unfinished + pending > 0
+        in_flight = self.overlap is not None and self.overlap.busy
+        return self.scheduler.num_unfinished + pending > 0 or in_flight
 
     def step(self) -> list[RequestOutput]:
         "Run one iteration; return an output for every request that produced a token or failed."
+        if self.overlap is not None:  # chapter 17: the host a step ahead of the device
+            return self.overlap.step()
         if self.kv_connector is not None:  # requests whose KV blocks have landed
             self.kv_connector.admit(idle=self.scheduler.num_unfinished == 0)
         out = self.scheduler.schedule()
@@ -389,13 +398,18 @@ class LLMEngine:
             return []
         if self.proposer is not None:  # draft tokens for the decodes to verify
             self.scheduler.set_drafts(out, self.proposer.propose(out))
-        prefill = sum(n for r, n in zip(out.requests, out.num_tokens) if r.is_prefilling)
-        sampled, errors = self._execute_isolating_failures(out)
+        return self.process(out, *self._execute_isolating_failures(out))
+
+    def process(self, out: SchedulerOutput, sampled, errors, ahead=False) -> list[RequestOutput]:
+        """The outputs of the executed step `out`: each request's new tokens detokenized up to a
+        stop, appended, and sent; a failed request ended alone. `ahead`: the step's tokens were
+        already counted computed, with placeholders for its new tokens (chapter 17)."""
         outputs = [self._fail(req, e) for req, e in errors.items()]
         going_on = []  # (request, scheduled tokens, new tokens up to a stop, their text)
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
-            if req in errors:
+            if req in errors or req.finished:  # (finished: aborted while it ran, chapter 17)
                 continue
+            req.drop_placeholders()  # its tokens are here
             try:
                 kept, delta = self._detokenize(req, tokens)
                 self._keep(req, kept)
@@ -404,10 +418,15 @@ class LLMEngine:
                 continue
             going_on.append((req, n, kept, delta))
         reqs, ns, kept, deltas = map(list, zip(*going_on)) if going_on else ([], [], [], [])
-        self.scheduler.update(SchedulerOutput(reqs, ns, out.preempted), kept)
+        if ahead:
+            for req, tokens in zip(reqs, kept):
+                self.scheduler.append(req, tokens)
+        else:
+            self.scheduler.update(SchedulerOutput(reqs, ns, out.preempted), kept)
         for req, tokens, delta in zip(reqs, kept, deltas):
             if tokens:
                 outputs.append(self._emit(req, tokens, delta))
+        prefill = out.num_prefill_tokens
         generated = sum(len(o.delta_token_ids) for o in outputs)
         self.last_iteration = IterationStats(self.last_iteration.index + 1, prefill, generated)
         return outputs
@@ -420,14 +439,18 @@ class LLMEngine:
         except EngineDeadError:
             raise
         except Exception as e:
-            if len(out.requests) == 1:
-                return [[]], {out.requests[0]: e}
-            logger.warning(
-                "a batch of %d requests failed (%s: %s); running them one by one",
-                len(out.requests),
-                type(e).__name__,
-                e,
-            )
+            return self.execute_one_by_one(out, e)
+
+    def execute_one_by_one(self, out: SchedulerOutput, error: Exception) -> tuple[list, dict]:
+        "After the batch `out` failed with `error`: each request alone, and only those that fail."
+        if len(out.requests) == 1:
+            return [[]], {out.requests[0]: error}
+        logger.warning(
+            "a batch of %d requests failed (%s: %s); running them one by one",
+            len(out.requests),
+            type(error).__name__,
+            error,
+        )
         sampled, errors = [], {}
         for req, n in zip(out.requests, out.num_tokens):
             try:

@@ -204,26 +204,44 @@ class ModelRunner:
         one more)."""
         if self.governor is not None:  # threads for the cores others leave idle
             self.governor.update()
+        batch = self.prepare(out)
+        rows, sampled = self.sample(out, batch, self.logits(batch))
+        result = [[] for _ in out.requests]
+        for i, tokens in zip(rows, sampled.tolist() if sampled else []):  # the one read back
+            result[i] = tokens
+        return result
+
+    def prepare(self, out: SchedulerOutput, previous=None) -> FlatBatch:
+        """The step's flat batch on the device. `previous`: the step before, still in flight
+        (chapter 17): its sampled tokens take the place of the placeholders."""
         with record_function("minillm::prepare_inputs"):
-            rows = [i for i, s in enumerate(out.samples) if s]
             prompt_logits = [r.needs_prompt_logits for r in out.requests]
             batch = build_flat_batch(
                 out.requests, out.num_tokens, self.cache.block_size, self.device, prompt_logits
             )
+            if previous is not None:
+                previous.fill_placeholders(out, batch)
+        return batch
+
+    def logits(self, batch: FlatBatch) -> torch.Tensor:
+        "The step's logits: replayed from a captured graph where one serves it, else `forward`."
         with record_function("minillm::forward"):
             if self.graphs is not None and self.graphs.can_run(batch):
-                logits = self.graphs.run(batch)
-            else:
-                logits = self.forward(batch)
-        result = [[] for _ in out.requests]
-        if rows or any(prompt_logits):
+                return self.graphs.run(batch)
+            return self.forward(batch)
+
+    def sample(self, out: SchedulerOutput, batch: FlatBatch, logits: torch.Tensor) -> tuple:
+        """(rows, SamplerOutput or None): the new tokens of the requests `out.requests[i]` for i in
+        rows, those that sample this step and have not finished meanwhile (chapter 17), still on
+        the device; then the step's new recurrent states are kept."""
+        rows = [i for i, s in enumerate(out.samples) if s and not out.requests[i].finished]
+        sampled = None
+        if rows or any(r.needs_prompt_logits for r in out.requests):
             with record_function("minillm::sample"):
                 sampled = self.sampler(logits, out.requests, batch.num_logits, rows)
-            for i, tokens in zip(rows, sampled.tolist()):  # the step's one read back
-                result[i] = tokens
         if self.states is not None:  # the step is done, its new states are kept
             self.states.commit()
-        return result
+        return rows, sampled
 
     def shutdown(self):
         "Nothing to stop here; chapter 11's tensor-parallel runner stops its worker processes."

@@ -14,15 +14,24 @@ from ..sampling import SamplingTensors, sample
 
 class SamplerOutput:
     """A step's new tokens, on the device: row i holds the new tokens of the step's i-th sampling
-    request, then -1s (with k draft tokens, chapter 12, a request gets 1 to k + 1). `tolist` reads
-    them back to the host, once however often it is called."""
+    request, then -1s (with k draft tokens, chapter 12, a request gets 1 to k + 1). From a GPU
+    their copy to the host starts at once and waits for nothing (a later step may already be
+    queued behind it, chapter 17); `tolist` waits for that copy alone, once however often it is
+    called."""
 
     def __init__(self, token_ids: torch.Tensor):
-        self.token_ids, self._list = token_ids, None
+        self.token_ids, self._list, self._copied = token_ids, None, None
+        self._host = token_ids
+        if token_ids.is_cuda:  # into pinned memory, non-blocking; an event marks its end
+            self._host = token_ids.to("cpu", non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
 
     def tolist(self) -> list[list[int]]:
         if self._list is None:
-            self._list = [[t for t in row if t >= 0] for row in self.token_ids.tolist()]
+            if self._copied is not None:
+                self._copied.synchronize()
+            self._list = [[t for t in row if t >= 0] for row in self._host.tolist()]
         return self._list
 
 

@@ -1,0 +1,243 @@
+"""Chapter 17: the host a step ahead of the device (async scheduling). On a CPU the forward runs on
+a worker thread while the engine reads the step before, so ordering bugs show here: every path
+keeps transformers' greedy tokens, and nothing leaks."""
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+from helpers import hf_greedy
+from test_cuda_graphs import graph_llm
+from test_engine import POISON
+from test_hybrid_models import GEMMA3
+from test_linear_attention import QWEN3_5
+from transformers import AutoModelForCausalLM
+
+from minillm import LLM, SamplingParams
+from minillm.bench.random_models import random_model_dir
+from minillm.core.request import PLACEHOLDER
+from minillm.engine.structured_output import GuidedDecodingParams
+from minillm.loader import load_hf_model
+
+
+def overlapped(path, jitter: float = 0.003, **kw) -> LLM:
+    """An engine that plans a step ahead, its forward on a worker thread that waits up to `jitter`
+    seconds first: the host's reads and the device's steps interleave differently each step."""
+    llm = LLM(str(path), dtype="float32", async_scheduling=True, **kw)
+    runner, rng = llm.engine.runner, random.Random(0)
+    logits = runner.logits
+
+    def late(batch):
+        time.sleep(rng.random() * jitter)
+        return logits(batch)
+
+    runner.logits = late
+    return llm
+
+
+def prompts_of(lengths, seed=0, vocab=5000):
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(n)] for n in lengths]
+
+
+def assert_nothing_held(llm):
+    engine = llm.engine
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not engine.requests
+    assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {},
+        {"max_num_batched_tokens": 16},  # every prompt in chunks
+        {"num_kv_blocks": 10, "max_num_batched_tokens": 64},  # preemption
+        {"max_num_seqs": 2},  # requests wait for others' rows
+    ],
+    ids=["batched", "chunked", "preempted", "queued"],
+)
+def test_greedy_tokens_equal_transformers(random_llama, setting):
+    path, hf = random_llama
+    llm = overlapped(path, **setting)
+    prompts = prompts_of((5, 17, 31, 2, 40, 9, 23))
+    again = [prompts[2], prompts[4][:35]]  # then prefix cache hits
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    outs = llm.generate(prompts, params[:7], use_tqdm=False)
+    outs += llm.generate(again, params[7:], use_tqdm=False)
+    for o, p, q in zip(outs, prompts + again, params):
+        assert o.token_ids == hf_greedy(hf, p, q.max_tokens) and o.finish_reason == "length"
+    if "num_kv_blocks" in setting:
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.block_manager.hits > 0
+    assert_nothing_held(llm)
+
+
+def test_the_host_reads_a_step_while_the_next_one_runs(random_llama):
+    """The overlap itself: a forward waits until the engine has read the step before it; were the
+    read after the forward (no overlap), the forward would wait in vain."""
+    path, hf = random_llama
+    llm = LLM(str(path), dtype="float32", async_scheduling=True)
+    engine, runner = llm.engine, llm.engine.runner
+    read, waited, behind = threading.Event(), [], set()
+    logits, process, prepare = runner.logits, engine.process, runner.prepare
+
+    def preparing(out, previous=None):
+        batch = prepare(out, previous)
+        if previous is not None:  # a step before it is in flight: the host reads it meanwhile
+            behind.add(id(batch))
+        return batch
+
+    def after_a_read(batch):
+        if id(batch) in behind:
+            waited.append(read.wait(timeout=30))
+            read.clear()
+        return logits(batch)
+
+    def reading(*args, **kw):
+        outputs = process(*args, **kw)
+        read.set()
+        return outputs
+
+    runner.logits, runner.prepare, engine.process = after_a_read, preparing, reading
+    prompts = prompts_of((4, 9, 6))
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in prompts]
+    assert len(waited) >= 6 and all(waited)
+
+
+def test_stops_waste_one_row_and_nothing_else(random_llama):
+    """A request that stops at a token read while the next step runs (a stop token, a stop string,
+    its length) is cut there: the row it had in the next step is dropped, no placeholder reaches
+    its output, and its blocks come back."""
+    path, hf = random_llama
+    llm = overlapped(path)
+    prompts = prompts_of((6, 11, 8))
+    reference = [hf_greedy(hf, p, 12) for p in prompts]
+    words = llm.engine.tokenizer.convert_ids_to_tokens(reference[1])
+    params = [
+        SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[reference[0][4]]),
+        SamplingParams(temperature=0, max_tokens=12, stop=[words[6]], ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+    ]
+    a, b, c = llm.generate(prompts, params, use_tqdm=False)
+    stop_at = reference[0].index(reference[0][4]) + 1
+    assert a.token_ids == reference[0][:stop_at] and a.finish_reason == "stop"
+    assert b.finish_reason == "stop" and b.token_ids == reference[1][: len(b.token_ids)]
+    assert words[6] not in b.text and len(b.token_ids) <= 7
+    assert c.token_ids == reference[2][:5] and c.finish_reason == "length"
+    assert all(PLACEHOLDER not in o.token_ids for o in (a, b, c))
+    assert_nothing_held(llm)
+
+
+def test_aborts_while_a_step_is_in_flight(random_llama):
+    path, hf = random_llama
+    llm = overlapped(path)
+    engine = llm.engine
+    prompts = prompts_of((7, 12, 5, 9))
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    reqs = [engine.add_request(p, params) for p in prompts]
+    for _ in range(4):
+        engine.step()
+    assert engine.overlap.busy and any(r.num_placeholders for r in reqs)
+    for r in reqs[::2]:
+        assert engine.abort_request(r.request_id)
+        assert PLACEHOLDER not in r.token_ids and r.num_placeholders == 0
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert [r.finish_reason for r in reqs] == ["abort", "length"] * 2
+    assert [r.output_ids for r in reqs[1::2]] == [hf_greedy(hf, p, 20) for p in prompts[1::2]]
+    assert_nothing_held(llm)
+
+
+def test_a_failing_batch_runs_again_one_by_one(random_llama):
+    path, hf = random_llama
+    llm = overlapped(path, max_num_batched_tokens=64)
+    runner = llm.engine.runner
+    forward = runner.forward
+
+    def poisoned(batch):
+        if (batch.input_ids == POISON).any():
+            raise RuntimeError("poisoned batch")
+        return forward(batch)
+
+    runner.forward = poisoned
+    prompts = [[5, 6, 7, 8] * 5, [9, POISON, 11], [12, 13] * 20, [POISON] * 3]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        if POISON in p:
+            assert o.finish_reason == "error" and "poisoned batch" in o.error
+        else:
+            assert o.finish_reason == "length" and o.token_ids == hf_greedy(hf, p, 10)
+    assert_nothing_held(llm)
+
+
+def test_grammars_and_penalties_see_the_token_just_read(random_llama):
+    """What sampling reads from a request's past tokens (a grammar's state, repetition penalties)
+    is read after the step before was: the grammar holds, and penalised greedy tokens equal
+    transformers' with the same penalty."""
+    path, _ = random_llama
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    llm = overlapped(path)
+    prompts = prompts_of((6, 13))
+    penalised = SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.5, ignore_eos=True)
+    choice = GuidedDecodingParams(choice=["t5", "t81"])  # words the tokenizer spells
+    guided = SamplingParams(temperature=0, max_tokens=12, guided_decoding=choice)
+    outs = llm.generate(prompts + prompts, [penalised] * 2 + [guided] * 2, use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        ids = torch.tensor([p])
+        ref = hf.generate(ids, max_new_tokens=12, do_sample=False, repetition_penalty=1.5)
+        assert o.token_ids == ref[0, len(p) :].tolist()
+    assert {o.text.strip() for o in outs[2:]} <= {"t5", "t81"}
+    assert all(o.finish_reason == "stop" for o in outs[2:])
+    assert_nothing_held(llm)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen3.5"])
+def test_sliding_windows_and_recurrent_states(family, tmp_path):
+    """Gemma 3's sliding-window groups, and Qwen3.5's recurrent states, whose step commits its new
+    states: a step ahead, the states a step reads are those the step before wrote."""
+    path = random_model_dir(tmp_path, {"gemma3": GEMMA3, "qwen3.5": QWEN3_5}[family], seed=1)
+    hf = load_hf_model(path)
+    prompts = prompts_of((1, 9, 30, 4, 17, 2), vocab=512)
+    llm = overlapped(path, max_num_seqs=4, max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 14) for p in prompts]
+    assert_nothing_held(llm)
+
+
+def test_through_the_graphs_data_path(random_llama):
+    """The GPU's default: a step ahead with decode steps through CUDAGraphDecoder (on CPU its
+    static buffers without capture): the placeholders filled before the batch is copied in."""
+    path, hf = random_llama
+    llm = graph_llm(path, async_scheduling=True)
+    served = []
+    run = llm.engine.runner.graphs.run
+    llm.engine.runner.graphs.run = lambda batch: served.append(batch) or run(batch)
+    prompts = prompts_of((5, 17, 31, 2, 40, 9))
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 10) for p in prompts]
+    assert served and llm.engine.overlap is not None
+    assert_nothing_held(llm)
+
+
+@pytest.mark.parametrize(
+    "setting, named",
+    [
+        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative"),
+        ({"tensor_parallel_size": 2}, "tensor parallelism"),
+    ],
+)
+def test_what_cannot_run_ahead_is_refused_by_name(random_llama, setting, named):
+    with pytest.raises(ValueError, match=f"async_scheduling cannot run with {named}"):
+        LLM(str(random_llama[0]), async_scheduling=True, **setting)
+
+
+def test_off_by_default_on_a_cpu_and_on_when_asked(random_llama):
+    assert LLM(str(random_llama[0])).engine.overlap is None
+    assert LLM(str(random_llama[0]), async_scheduling=True).engine.config.async_scheduling
