@@ -141,6 +141,11 @@ def add_engine_flags(p: argparse.ArgumentParser):
     p.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps"
     )
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        help="plan step N+1 while the device runs step N (default: on CUDA where it can run)",
+    )
     for flag in LORA_FLAGS:  # vLLM's, refused by name rather than "unrecognized"
         p.add_argument(flag, nargs="*", action=LoraFlag, help=argparse.SUPPRESS)
 
@@ -165,6 +170,7 @@ def engine_kwargs(args) -> dict:
         enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
     )
 
 
@@ -176,7 +182,10 @@ def engine_argv(args) -> list[str]:
         if value != getattr(defaults, field):
             argv += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
     switches = ("no_prefix_caching", "no_chunked_prefill", "enforce_eager")
-    return argv + [f"--{s.replace('_', '-')}" for s in switches if getattr(args, s)]
+    argv += [f"--{s.replace('_', '-')}" for s in switches if getattr(args, s)]
+    if args.async_scheduling is not None:
+        argv.append("--async-scheduling" if args.async_scheduling else "--no-async-scheduling")
+    return argv
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int):

@@ -26,8 +26,8 @@ keeps what it measured, and OUT_DIR/gpu_check.log as it goes:
 5. tiles: a sweep of the kernels' tiles on this device (decode and prefill), so that one run
    yields the data to choose them;
 6. engine: nano-vllm's workload (256 requests, prompts and outputs uniform in 100-1024, Qwen3-0.6B's
-   shape, bfloat16, dummy weights, ignore_eos) through minillm with CUDA graphs (the long form:
-   eager and the torch backend too), its floor at the measured bandwidth, and transformers'
+   shape, bfloat16, dummy weights, ignore_eos) through minillm with CUDA graphs, with and without
+   chapter 17's async scheduling (the long form: eager and the torch backend too), its floor at the measured bandwidth, and transformers'
    continuous batching on a subset it finishes, with output tokens/s and TTFT/TPOT.
 
 Each section has its own time budget (BUDGETS; --long multiplies them): one that fails or runs out
@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("gpu_check")
 
 # each section's time budget in seconds on a GPU: 360 in all, the 6 minutes of an H200's check
-BUDGETS = dict(aot=15, pytest=80, exactness=40, features=70, kernels=40, tiles=50, engine=65)
+BUDGETS = dict(aot=15, pytest=80, exactness=40, features=60, kernels=40, tiles=40, engine=85)
 LONG, DRY = 4, 600  # --long multiplies the budgets; the dry mode's are wide (an interpreter, CI)
 
 
@@ -370,6 +370,7 @@ def feature_row(run: Run, path: str, model: Path, prompts: list, refs: list | No
         greedy_equal=f"{same}/{len(refs)}",
         cuda_graphs=steps > 0,
         graph_steps=steps,
+        async_scheduling=llm.engine.overlap is not None,
         attention_backend=runner.attention_backend,
         pool_free=pool_free,
     )
@@ -695,8 +696,8 @@ def hf_with_dummy_weights(path: Path, dtype, device):
 
 
 def run_engine(run: Run, record: dict):
-    """nano-vllm's workload through minillm (triton with CUDA graphs; the long form adds triton
-    eager and the torch backend) on dummy weights, against its floor (chapter 17: every step reads
+    """nano-vllm's workload through minillm (triton with CUDA graphs, with and without async
+    scheduling; the long form adds triton eager and the torch backend) on dummy weights, against its floor (chapter 17: every step reads
     the weights and the running sequences' K/V, at the copy bandwidth the kernels section
     measured), and transformers' continuous batching on as many of the same requests as it
     finishes in time (all of them in the long form)."""
@@ -721,7 +722,11 @@ def run_engine(run: Run, record: dict):
         dtype=dtype,
         weights="dummy",
     )
-    setups = {"triton + CUDA graphs": dict(attention_backend="triton", enforce_eager=False)}
+    graphs = dict(attention_backend="triton", enforce_eager=False)
+    setups = {  # chapter 17's overlap (on by default on CUDA), and without it
+        "triton + CUDA graphs": graphs,
+        "triton + CUDA graphs, no async scheduling": dict(graphs, async_scheduling=False),
+    }
     if run.long:  # (eager ran at half the graphs' speed on the H200, 2026-12-04)
         setups["triton eager"] = dict(attention_backend="triton", enforce_eager=True)
         setups["torch"] = dict(attention_backend="torch", enforce_eager=True)
@@ -763,6 +768,7 @@ def run_engine(run: Run, record: dict):
                 startup_s=ready,
                 attention_backend=llm.engine.runner.attention_backend,
                 cuda_graphs=llm.engine.runner.graphs is not None,
+                async_scheduling=llm.engine.overlap is not None,
                 num_kv_blocks=llm.engine.block_manager.num_blocks,
             ),
         )

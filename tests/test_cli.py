@@ -92,9 +92,11 @@ def test_engine_flags_reach_the_engine_config():
             "int4",
             "--kv-cache-dtype",
             "fp8",
+            "--no-async-scheduling",
         ]
     )
     cfg = EngineConfig(**engine_kwargs(args))
+    assert cfg.async_scheduling is False
     assert (
         cfg.attention_backend,
         cfg.enforce_eager,

@@ -56,7 +56,11 @@ def test_gpu_check_dry_mode(tmp_path):
     row = res["features"]["paths"][0]
     assert {"greedy_equal", "cuda_graphs", "attention_backend", "ok"} <= set(row)
     runs = {run["setup"]: run for run in res["engine"]["runs"]}
-    assert set(runs) == {"triton + CUDA graphs", "transformers continuous batching"}
+    assert set(runs) == {
+        "triton + CUDA graphs",
+        "triton + CUDA graphs, no async scheduling",
+        "transformers continuous batching",
+    }
     assert {"kernel", "dtype", "head_dim", "us", "chosen"} <= set(res["tiles"]["tiles"][0])
     assert {"bytes", "seconds", "graphs_fraction"} <= set(res["engine"]["floor"])
     assert all(

@@ -85,7 +85,8 @@ def test_replica_queue_reads_prometheus_text():
 def test_engine_flags_pass_through_to_replicas():
     args = parser().parse_args(
         ["router", "--replicas", "2", "--block-size", "32", "--no-prefix-caching",
-         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}']
+         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+         "--no-async-scheduling"]
     )  # fmt: skip
     serve_args = parser().parse_args(["serve", *engine_argv(args)])
     assert engine_kwargs(serve_args) == engine_kwargs(args)
