@@ -781,6 +781,10 @@ d = {
                 "scheduler.html#request.finished",
                 "minillm/core/request.py",
             ),
+            "minillm.core.request.Request.hold_placeholders": (
+                "scheduler.html#request.hold_placeholders",
+                "minillm/core/request.py",
+            ),
             "minillm.core.request.Request.is_prefilling": (
                 "scheduler.html#request.is_prefilling",
                 "minillm/core/request.py",
@@ -857,6 +861,10 @@ d = {
             ),
             "minillm.core.scheduler.Scheduler.num_unfinished": (
                 "scheduler.html#scheduler.num_unfinished",
+                "minillm/core/scheduler.py",
+            ),
+            "minillm.core.scheduler.Scheduler.rewind": (
+                "scheduler.html#scheduler.rewind",
                 "minillm/core/scheduler.py",
             ),
             "minillm.core.scheduler.Scheduler.schedule": (
@@ -1226,12 +1234,56 @@ d = {
             ),
         },
         "minillm.course.exercises.ch17": {
+            "minillm.course.exercises.ch17.ToyDevice": (
+                "engine_loop.html#toydevice",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.ToyDevice.__init__": (
+                "engine_loop.html#toydevice.__init__",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.ToyDevice.launch": (
+                "engine_loop.html#toydevice.launch",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.ToyStep": (
+                "engine_loop.html#toystep",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.ToyStep.__init__": (
+                "engine_loop.html#toystep.__init__",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.ToyStep._run": (
+                "engine_loop.html#toystep._run",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.ToyStep.read": (
+                "engine_loop.html#toystep.read",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17._generated": (
+                "engine_loop.html#_generated",
+                "minillm/course/exercises/ch17.py",
+            ),
             "minillm.course.exercises.ch17._stepped_floor": (
                 "engine_loop.html#_stepped_floor",
                 "minillm/course/exercises/ch17.py",
             ),
+            "minillm.course.exercises.ch17.check_overlap_loop": (
+                "engine_loop.html#check_overlap_loop",
+                "minillm/course/exercises/ch17.py",
+            ),
             "minillm.course.exercises.ch17.check_workload_floor": (
                 "engine_loop.html#check_workload_floor",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.toy_next_token": (
+                "engine_loop.html#toy_next_token",
+                "minillm/course/exercises/ch17.py",
+            ),
+            "minillm.course.exercises.ch17.toy_requests": (
+                "engine_loop.html#toy_requests",
                 "minillm/course/exercises/ch17.py",
             ),
         },
@@ -1408,10 +1460,14 @@ d = {
             ),
         },
         "minillm.course.solutions.ch17": {
+            "minillm.course.solutions.ch17.my_overlap_loop": (
+                "engine_loop.html#my_overlap_loop",
+                "minillm/course/solutions/ch17.py",
+            ),
             "minillm.course.solutions.ch17.my_workload_floor": (
                 "engine_loop.html#my_workload_floor",
                 "minillm/course/solutions/ch17.py",
-            )
+            ),
         },
         "minillm.detokenizer": {
             "minillm.detokenizer.TextStream": (
@@ -2120,16 +2176,28 @@ d = {
                 "engine_loop.html#overlaploop.__init__",
                 "minillm/engine/overlap.py",
             ),
+            "minillm.engine.overlap.OverlapLoop._failed": (
+                "engine_loop.html#overlaploop._failed",
+                "minillm/engine/overlap.py",
+            ),
             "minillm.engine.overlap.OverlapLoop._launch": (
                 "engine_loop.html#overlaploop._launch",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop._one_by_one": (
+                "engine_loop.html#overlaploop._one_by_one",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.OverlapLoop._queue": (
+                "engine_loop.html#overlaploop._queue",
                 "minillm/engine/overlap.py",
             ),
             "minillm.engine.overlap.OverlapLoop._read": (
                 "engine_loop.html#overlaploop._read",
                 "minillm/engine/overlap.py",
             ),
-            "minillm.engine.overlap.OverlapLoop._sample": (
-                "engine_loop.html#overlaploop._sample",
+            "minillm.engine.overlap.OverlapLoop._sample_here": (
+                "engine_loop.html#overlaploop._sample_here",
                 "minillm/engine/overlap.py",
             ),
             "minillm.engine.overlap.OverlapLoop.busy": (
@@ -2148,8 +2216,12 @@ d = {
                 "engine_loop.html#stepinflight",
                 "minillm/engine/overlap.py",
             ),
-            "minillm.engine.overlap.StepInFlight.fill_placeholders": (
-                "engine_loop.html#stepinflight.fill_placeholders",
+            "minillm.engine.overlap.StepInFlight.fill": (
+                "engine_loop.html#stepinflight.fill",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.StepInFlight.placeholders_in": (
+                "engine_loop.html#stepinflight.placeholders_in",
                 "minillm/engine/overlap.py",
             ),
             "minillm.engine.overlap.StepInFlight.tokens": (

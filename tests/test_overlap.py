@@ -84,9 +84,9 @@ def test_the_host_reads_a_step_while_the_next_one_runs(random_llama):
     read, waited, behind = threading.Event(), [], set()
     logits, process, prepare = runner.logits, engine.process, runner.prepare
 
-    def preparing(out, previous=None):
-        batch = prepare(out, previous)
-        if previous is not None:  # a step before it is in flight: the host reads it meanwhile
+    def preparing(out):
+        batch = prepare(out)
+        if engine.overlap.busy:  # a step before it is in flight: the host reads it meanwhile
             behind.add(id(batch))
         return batch
 
@@ -241,3 +241,57 @@ def test_what_cannot_run_ahead_is_refused_by_name(random_llama, setting, named):
 def test_off_by_default_on_a_cpu_and_on_when_asked(random_llama):
     assert LLM(str(random_llama[0])).engine.overlap is None
     assert LLM(str(random_llama[0]), async_scheduling=True).engine.config.async_scheduling
+
+
+def test_steps_sampled_here_and_there_alternate(random_llama):
+    """Steps whose sampling reads what the host reads (here: repetition penalties) are sampled
+    after the read; the others on the device, ahead. Requests of both kinds come and go, so the
+    loop switches between the two, both ways, and every token is still transformers'."""
+    path, _ = random_llama
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    llm = overlapped(path)
+    engine = llm.engine
+    plain = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    penalised = SamplingParams(temperature=0, max_tokens=5, repetition_penalty=1.3, ignore_eos=True)
+    prompts = prompts_of((7, 12, 5, 9))
+    reqs = [engine.add_request(prompts[0], plain)]
+    for _ in range(3):
+        engine.step()
+    reqs.append(engine.add_request(prompts[1], penalised))  # here, then ahead again
+    for _ in range(9):
+        engine.step()
+    reqs += [engine.add_request(prompts[2], plain), engine.add_request(prompts[3], penalised)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    for req, p in zip(reqs, prompts):
+        ids, penalty = torch.tensor([p]), req.params.repetition_penalty
+        ref = hf.generate(
+            ids, max_new_tokens=req.params.max_tokens, do_sample=False, repetition_penalty=penalty
+        )
+        assert req.output_ids == ref[0, len(p) :].tolist()
+    assert_nothing_held(llm)
+
+
+def test_a_step_that_fails_once_takes_the_step_after_it_down_and_both_run_again(random_llama):
+    """A decode step fails on the device (once, as a transient fault) while the step after it is
+    already queued: that one cannot run (its inputs were that step's tokens), both are rewound,
+    the failed step's requests run again one by one and the next plan takes over; no request
+    fails and every token is transformers'."""
+    path, hf = random_llama
+    llm = overlapped(path)
+    runner, calls = llm.engine.runner, []
+    forward = runner.forward
+
+    def fails_once(batch):
+        calls.append(len(batch.input_ids))
+        if len(calls) == 4:
+            raise RuntimeError("a transient fault")
+        return forward(batch)
+
+    runner.forward = fails_once
+    prompts = prompts_of((6, 14, 9))
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 10) for p in prompts]
+    assert all(o.finish_reason == "length" for o in outs) and calls[3] == 3  # a decode step
+    assert_nothing_held(llm)

@@ -58,7 +58,7 @@ class Request(Sequence):
     # what a feature keeps for it, a record that feature owns: chapter 12b's LogitsState
     processing: Any = None
     kv_transfer_params: dict | None = None  # whose KV blocks travel between engines
-    # its last tokens sampled by a step still on the device, not yet read (chapter 17): their
+    # its last tokens, sampled by steps still on the device and not yet read (chapter 17): their
     # ids are PLACEHOLDER here, the device has them
     num_placeholders: int = 0
 
@@ -66,10 +66,15 @@ class Request(Sequence):
         self.prompt_len = self.prompt_len or len(self.token_ids)
 
     def drop_placeholders(self):
-        "Forget the tokens a step in flight sampled for it (chapter 17): read, or never to be."
+        "Forget the tokens steps in flight sampled for it (chapter 17): read, or never to be."
         if self.num_placeholders:
             del self.token_ids[-self.num_placeholders :]
             self.num_placeholders = 0
+
+    def hold_placeholders(self, n: int):
+        "Take `n` places for tokens steps in flight will sample for it (chapter 17)."
+        self.token_ids += [PLACEHOLDER] * n
+        self.num_placeholders += n
 
     @property
     def output_ids(self) -> list[int]:

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
-from .request import PLACEHOLDER, Request, RequestStatus
+from .request import Request, RequestStatus
 
 
 # %% ../../nbs/06_scheduler.ipynb #042107ed
@@ -132,6 +132,8 @@ class Scheduler:
         "Step 2: admit waiting requests in order while budget, sequence slots and blocks last."
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.num_placeholders:  # preempted with a token in flight (chapter 17): next time
+                break
             looked_up = not req.block_table and not req.needs_prompt_logits
             if looked_up:
                 req.num_computed_tokens = req.num_cached_tokens = self.bm.match_prefix(req)
@@ -228,6 +230,11 @@ class Scheduler:
             if req.finished:  # (it stopped at the token read while this step ran)
                 continue
             self._advance(req, n, 0)
-            if samples_one:
-                req.token_ids.append(PLACEHOLDER)
-                req.num_placeholders += 1
+            req.hold_placeholders(int(samples_one))
+
+    def rewind(self, out: SchedulerOutput):
+        """Chapter 17: the step `out`, counted ahead, never ran (it failed, or the step before it
+        did): its tokens are not computed after all. Its requests' placeholders are the caller's."""
+        for req, n in zip(out.requests, out.num_tokens):
+            if req.status == RequestStatus.RUNNING:  # (a preempted one has nothing computed)
+                req.num_computed_tokens -= n

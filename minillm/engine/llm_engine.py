@@ -406,10 +406,13 @@ class LLMEngine:
         already counted computed, with placeholders for its new tokens (chapter 17)."""
         outputs = [self._fail(req, e) for req, e in errors.items()]
         going_on = []  # (request, scheduled tokens, new tokens up to a stop, their text)
+        later = {}  # chapter 17: the placeholders of steps after this one, still in flight
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
             if req in errors or req.finished:  # (finished: aborted while it ran, chapter 17)
                 continue
-            req.drop_placeholders()  # its tokens are here
+            if ahead:
+                later[req] = req.num_placeholders - bool(tokens)
+            req.drop_placeholders()  # this step's token is here
             try:
                 kept, delta = self._detokenize(req, tokens)
                 self._keep(req, kept)
@@ -421,6 +424,7 @@ class LLMEngine:
         if ahead:
             for req, tokens in zip(reqs, kept):
                 self.scheduler.append(req, tokens)
+                req.hold_placeholders(later[req])
         else:
             self.scheduler.update(SchedulerOutput(reqs, ns, out.preempted), kept)
         for req, tokens, delta in zip(reqs, kept, deltas):

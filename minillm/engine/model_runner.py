@@ -205,23 +205,20 @@ class ModelRunner:
         if self.governor is not None:  # threads for the cores others leave idle
             self.governor.update()
         batch = self.prepare(out)
-        rows, sampled = self.sample(out, batch, self.logits(batch))
+        rows = [i for i, s in enumerate(out.samples) if s]
+        sampled = self.sample(out, batch, self.logits(batch), rows)
         result = [[] for _ in out.requests]
         for i, tokens in zip(rows, sampled.tolist() if sampled else []):  # the one read back
             result[i] = tokens
         return result
 
-    def prepare(self, out: SchedulerOutput, previous=None) -> FlatBatch:
-        """The step's flat batch on the device. `previous`: the step before, still in flight
-        (chapter 17): its sampled tokens take the place of the placeholders."""
+    def prepare(self, out: SchedulerOutput) -> FlatBatch:
+        "The step's flat batch, on the device."
         with record_function("minillm::prepare_inputs"):
             prompt_logits = [r.needs_prompt_logits for r in out.requests]
-            batch = build_flat_batch(
+            return build_flat_batch(
                 out.requests, out.num_tokens, self.cache.block_size, self.device, prompt_logits
             )
-            if previous is not None:
-                previous.fill_placeholders(out, batch)
-        return batch
 
     def logits(self, batch: FlatBatch) -> torch.Tensor:
         "The step's logits: replayed from a captured graph where one serves it, else `forward`."
@@ -230,18 +227,16 @@ class ModelRunner:
                 return self.graphs.run(batch)
             return self.forward(batch)
 
-    def sample(self, out: SchedulerOutput, batch: FlatBatch, logits: torch.Tensor) -> tuple:
-        """(rows, SamplerOutput or None): the new tokens of the requests `out.requests[i]` for i in
-        rows, those that sample this step and have not finished meanwhile (chapter 17), still on
-        the device; then the step's new recurrent states are kept."""
-        rows = [i for i, s in enumerate(out.samples) if s and not out.requests[i].finished]
+    def sample(self, out: SchedulerOutput, batch: FlatBatch, logits: torch.Tensor, rows: list[int]):
+        """The new tokens of the requests `out.requests[i]` for i in `rows`, still on the device (a
+        SamplerOutput; None when nothing samples); then the step's new recurrent states are kept."""
         sampled = None
         if rows or any(r.needs_prompt_logits for r in out.requests):
             with record_function("minillm::sample"):
                 sampled = self.sampler(logits, out.requests, batch.num_logits, rows)
         if self.states is not None:  # the step is done, its new states are kept
             self.states.commit()
-        return rows, sampled
+        return sampled
 
     def shutdown(self):
         "Nothing to stop here; chapter 11's tensor-parallel runner stops its worker processes."
