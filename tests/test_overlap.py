@@ -64,7 +64,9 @@ def test_greedy_tokens_equal_transformers(random_llama, setting):
     llm = overlapped(path, **setting)
     prompts = prompts_of((5, 17, 31, 2, 40, 9, 23))
     again = [prompts[2], prompts[4][:35]]  # then prefix cache hits
-    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)
+    ]
     outs = llm.generate(prompts, params[:7], use_tqdm=False)
     outs += llm.generate(again, params[7:], use_tqdm=False)
     for o, p, q in zip(outs, prompts + again, params):
@@ -183,7 +185,9 @@ def test_grammars_and_penalties_see_the_token_just_read(random_llama):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     llm = overlapped(path)
     prompts = prompts_of((6, 13))
-    penalised = SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.5, ignore_eos=True)
+    penalised = SamplingParams(
+        temperature=0, max_tokens=12, repetition_penalty=1.5, ignore_eos=True
+    )
     choice = GuidedDecodingParams(choice=["t5", "t81"])  # words the tokenizer spells
     guided = SamplingParams(temperature=0, max_tokens=12, guided_decoding=choice)
     outs = llm.generate(prompts + prompts, [penalised] * 2 + [guided] * 2, use_tqdm=False)
