@@ -27,8 +27,9 @@ keeps what it measured, and OUT_DIR/gpu_check.log as it goes:
    yields the data to choose them;
 6. engine: nano-vllm's workload (256 requests, prompts and outputs uniform in 100-1024, Qwen3-0.6B's
    shape, bfloat16, dummy weights, ignore_eos) through minillm with CUDA graphs, with and without
-   chapter 17's async scheduling (the long form: eager and the torch backend too), its floor at the measured bandwidth, and transformers'
-   continuous batching on a subset it finishes, with output tokens/s and TTFT/TPOT.
+   chapter 17's async scheduling (the long form: eager and the torch backend too), its floor at
+   the measured bandwidth, and transformers' continuous batching on a subset it finishes, with
+   output tokens/s and TTFT/TPOT.
 
 Each section has its own time budget (BUDGETS; --long multiplies them): one that fails or runs out
 is recorded with its error and what it measured so far, and the others still run. The dry mode
@@ -697,10 +698,10 @@ def hf_with_dummy_weights(path: Path, dtype, device):
 
 def run_engine(run: Run, record: dict):
     """nano-vllm's workload through minillm (triton with CUDA graphs, with and without async
-    scheduling; the long form adds triton eager and the torch backend) on dummy weights, against its floor (chapter 17: every step reads
-    the weights and the running sequences' K/V, at the copy bandwidth the kernels section
-    measured), and transformers' continuous batching on as many of the same requests as it
-    finishes in time (all of them in the long form)."""
+    scheduling; the long form adds triton eager and the torch backend) on dummy weights, against
+    its floor (chapter 17: every step reads the weights and the running sequences' K/V, at the
+    copy bandwidth the kernels section measured), and transformers' continuous batching on as
+    many of the same requests as it finishes in time (all of them in the long form)."""
     from minillm.bench.engine_loop import workload_floor
     from minillm.bench.offline import random_workload, run_hf_continuous
     from minillm.bench.random_models import random_model_dir
