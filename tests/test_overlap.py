@@ -2,6 +2,7 @@
 a worker thread while the engine reads the step before, so ordering bugs show here: every path
 keeps transformers' greedy tokens, and nothing leaks."""
 
+import json
 import random
 import threading
 import time
@@ -299,3 +300,49 @@ def test_a_step_that_fails_once_takes_the_step_after_it_down_and_both_run_again(
     assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 10) for p in prompts]
     assert all(o.finish_reason == "length" for o in outs) and calls[3] == 3  # a decode step
     assert_nothing_held(llm)
+
+
+def test_served_a_step_ahead(random_llama, tmp_path):
+    """`minillm serve --async-scheduling`: concurrent streams and completions give the offline
+    engine's greedy texts, a guided choice holds, and a client that leaves mid-stream gets its
+    request aborted while steps are in flight, its blocks back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from helpers import minillm_serve
+    from test_server import metrics, wait_pool_free
+
+    path, _ = random_llama
+    offline = LLM(str(path), dtype="float32")
+    prompts = [f"t{i} t{i + 3} t{2 * i}" for i in range(1, 9)]
+    refs = offline.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    log = tmp_path / "server.log"
+    with minillm_serve(path, log, "--served-model-name", "m", "--async-scheduling") as (base, _):
+
+        def one(i):
+            body = {"model": "m", "prompt": prompts[i], "max_tokens": 12, "temperature": 0}
+            if i % 2:
+                return httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()[
+                    "choices"
+                ][0]["text"]
+            body["stream"] = True
+            with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as r:
+                chunks = [l[6:] for l in r.iter_lines() if l.startswith("data: {")]
+            return "".join(json.loads(c)["choices"][0]["text"] for c in chunks)
+
+        with ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(one, range(8)))
+        assert texts == [r.text for r in refs]
+        body = {"model": "m", "prompt": "t3 t4", "max_tokens": 5, "temperature": 0}
+        body["structured_outputs"] = {"choice": ["t5", "t81"]}
+        r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+        assert r.json()["choices"][0]["text"].strip() in {"t5", "t81"}
+        long = {"model": "m", "prompt": "t1 t2", "max_tokens": 400, "ignore_eos": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=long | {"stream": True}) as r:
+            lines = r.iter_lines()
+            assert any(next(lines).startswith("data: ") for _ in range(6))
+            assert (
+                metrics(base)["minillm_kv_cache_free_blocks"]
+                < metrics(base)["minillm_kv_cache_total_blocks"]
+            )
+        wait_pool_free(base)
