@@ -346,3 +346,15 @@ def test_served_a_step_ahead(random_llama, tmp_path):
                 < metrics(base)["minillm_kv_cache_total_blocks"]
             )
         wait_pool_free(base)
+
+
+def test_logprobs_a_step_ahead_equal_the_plain_loop(random_llama):
+    "A request's logprobs and prompt logprobs are the same a step ahead as in chapter 7b's loop."
+    path, _ = random_llama
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=2, prompt_logprobs=1)
+    prompt = prompts_of((9,))
+    plain = LLM(str(path), dtype="float32").generate(prompt, params, use_tqdm=False)[0]
+    ahead = overlapped(path).generate(prompt, params, use_tqdm=False)[0]
+    assert ahead.token_ids == plain.token_ids
+    assert ahead.outputs[0].logprobs == plain.outputs[0].logprobs
+    assert ahead.prompt_logprobs == plain.prompt_logprobs
