@@ -1009,7 +1009,9 @@ d = {
                 "loader.html#chapterrun.sized",
                 "minillm/course/chapter.py",
             ),
+            "minillm.course.chapter._holds": ("loader.html#_holds", "minillm/course/chapter.py"),
             "minillm.course.chapter._same": ("loader.html#_same", "minillm/course/chapter.py"),
+            "minillm.course.chapter._set": ("loader.html#_set", "minillm/course/chapter.py"),
             "minillm.course.chapter._stub": ("loader.html#_stub", "minillm/course/chapter.py"),
             "minillm.course.chapter.chapter_exercises": (
                 "loader.html#chapter_exercises",
@@ -1022,6 +1024,10 @@ d = {
             ),
             "minillm.course.chapter.machine_summary": (
                 "loader.html#machine_summary",
+                "minillm/course/chapter.py",
+            ),
+            "minillm.course.chapter.out_of_reach": (
+                "loader.html#out_of_reach",
                 "minillm/course/chapter.py",
             ),
             "minillm.course.chapter.run_exercises": (
@@ -1049,6 +1055,100 @@ d = {
             "minillm.course.contiguous.cached_generate": (
                 "kv_cache.html#cached_generate",
                 "minillm/course/contiguous.py",
+            ),
+        },
+        "minillm.course.exercises.ch01a": {
+            "minillm.course.exercises.ch01a._q4_1_blocks": (
+                "loader.html#_q4_1_blocks",
+                "minillm/course/exercises/ch01a.py",
+            ),
+            "minillm.course.exercises.ch01a._q4_1_by_hand": (
+                "loader.html#_q4_1_by_hand",
+                "minillm/course/exercises/ch01a.py",
+            ),
+            "minillm.course.exercises.ch01a.check_num_parameters": (
+                "loader.html#check_num_parameters",
+                "minillm/course/exercises/ch01a.py",
+            ),
+            "minillm.course.exercises.ch01a.check_q4_1": (
+                "loader.html#check_q4_1",
+                "minillm/course/exercises/ch01a.py",
+            ),
+        },
+        "minillm.course.exercises.ch01b": {
+            "minillm.course.exercises.ch01b._filtered": (
+                "sampling.html#_filtered",
+                "minillm/course/exercises/ch01b.py",
+            ),
+            "minillm.course.exercises.ch01b._rows": (
+                "sampling.html#_rows",
+                "minillm/course/exercises/ch01b.py",
+            ),
+            "minillm.course.exercises.ch01b.check_min_p": (
+                "sampling.html#check_min_p",
+                "minillm/course/exercises/ch01b.py",
+            ),
+            "minillm.course.exercises.ch01b.check_top_k_top_p": (
+                "sampling.html#check_top_k_top_p",
+                "minillm/course/exercises/ch01b.py",
+            ),
+        },
+        "minillm.course.exercises.ch01c": {
+            "minillm.course.exercises.ch01c._hf_greedy": (
+                "naive_generate.html#_hf_greedy",
+                "minillm/course/exercises/ch01c.py",
+            ),
+            "minillm.course.exercises.ch01c._tiny_llama": (
+                "naive_generate.html#_tiny_llama",
+                "minillm/course/exercises/ch01c.py",
+            ),
+            "minillm.course.exercises.ch01c.check_greedy_generate": (
+                "naive_generate.html#check_greedy_generate",
+                "minillm/course/exercises/ch01c.py",
+            ),
+            "minillm.course.exercises.ch01c.check_naive_cost": (
+                "naive_generate.html#check_naive_cost",
+                "minillm/course/exercises/ch01c.py",
+            ),
+        },
+        "minillm.course.exercises.ch02": {
+            "minillm.course.exercises.ch02._attention_by_hand": (
+                "kv_cache.html#_attention_by_hand",
+                "minillm/course/exercises/ch02.py",
+            ),
+            "minillm.course.exercises.ch02.check_cached_attention": (
+                "kv_cache.html#check_cached_attention",
+                "minillm/course/exercises/ch02.py",
+            ),
+            "minillm.course.exercises.ch02.check_rms_norm": (
+                "kv_cache.html#check_rms_norm",
+                "minillm/course/exercises/ch02.py",
+            ),
+            "minillm.course.exercises.ch02.check_rotate": (
+                "kv_cache.html#check_rotate",
+                "minillm/course/exercises/ch02.py",
+            ),
+        },
+        "minillm.course.exercises.ch03": {
+            "minillm.course.exercises.ch03._counted_decode_flops": (
+                "prefill_decode.html#_counted_decode_flops",
+                "minillm/course/exercises/ch03.py",
+            ),
+            "minillm.course.exercises.ch03._llama_config": (
+                "prefill_decode.html#_llama_config",
+                "minillm/course/exercises/ch03.py",
+            ),
+            "minillm.course.exercises.ch03.check_decode_flops": (
+                "prefill_decode.html#check_decode_flops",
+                "minillm/course/exercises/ch03.py",
+            ),
+            "minillm.course.exercises.ch03.check_kv_bytes": (
+                "prefill_decode.html#check_kv_bytes",
+                "minillm/course/exercises/ch03.py",
+            ),
+            "minillm.course.exercises.ch03.check_roofline": (
+                "prefill_decode.html#check_roofline",
+                "minillm/course/exercises/ch03.py",
             ),
         },
         "minillm.course.exercises.ch04a": {
@@ -1347,6 +1447,64 @@ d = {
             "minillm.course.quantized.FakeQuantizedCache.update": (
                 "quantization.html#fakequantizedcache.update",
                 "minillm/course/quantized.py",
+            ),
+        },
+        "minillm.course.solutions.ch01a": {
+            "minillm.course.solutions.ch01a.my_dequantize_q4_1": (
+                "loader.html#my_dequantize_q4_1",
+                "minillm/course/solutions/ch01a.py",
+            ),
+            "minillm.course.solutions.ch01a.my_num_parameters": (
+                "loader.html#my_num_parameters",
+                "minillm/course/solutions/ch01a.py",
+            ),
+        },
+        "minillm.course.solutions.ch01b": {
+            "minillm.course.solutions.ch01b.my_min_p": (
+                "sampling.html#my_min_p",
+                "minillm/course/solutions/ch01b.py",
+            ),
+            "minillm.course.solutions.ch01b.my_top_k_top_p": (
+                "sampling.html#my_top_k_top_p",
+                "minillm/course/solutions/ch01b.py",
+            ),
+        },
+        "minillm.course.solutions.ch01c": {
+            "minillm.course.solutions.ch01c.my_greedy_generate": (
+                "naive_generate.html#my_greedy_generate",
+                "minillm/course/solutions/ch01c.py",
+            ),
+            "minillm.course.solutions.ch01c.my_naive_token_forwards": (
+                "naive_generate.html#my_naive_token_forwards",
+                "minillm/course/solutions/ch01c.py",
+            ),
+        },
+        "minillm.course.solutions.ch02": {
+            "minillm.course.solutions.ch02.my_cached_attention": (
+                "kv_cache.html#my_cached_attention",
+                "minillm/course/solutions/ch02.py",
+            ),
+            "minillm.course.solutions.ch02.my_rms_norm": (
+                "kv_cache.html#my_rms_norm",
+                "minillm/course/solutions/ch02.py",
+            ),
+            "minillm.course.solutions.ch02.my_rotate": (
+                "kv_cache.html#my_rotate",
+                "minillm/course/solutions/ch02.py",
+            ),
+        },
+        "minillm.course.solutions.ch03": {
+            "minillm.course.solutions.ch03.my_attainable": (
+                "prefill_decode.html#my_attainable",
+                "minillm/course/solutions/ch03.py",
+            ),
+            "minillm.course.solutions.ch03.my_decode_flops": (
+                "prefill_decode.html#my_decode_flops",
+                "minillm/course/solutions/ch03.py",
+            ),
+            "minillm.course.solutions.ch03.my_kv_bytes": (
+                "prefill_decode.html#my_kv_bytes",
+                "minillm/course/solutions/ch03.py",
             ),
         },
         "minillm.course.solutions.ch04a": {

@@ -10,7 +10,23 @@ import torch
 from minillm.course.chapter import chapter_exercises, run_exercises
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["4a", "11", "12", "12b", "13", "14", "15", "15b", "16", "17"]
+CHAPTERS = [
+    "1a",
+    "1b",
+    "1c",
+    "2",
+    "3",
+    "4a",
+    "11",
+    "12",
+    "12b",
+    "13",
+    "14",
+    "15",
+    "15b",
+    "16",
+    "17",
+]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -24,6 +40,29 @@ def test_the_answers_pass(chapter):
         name = signature.split("(")[0]
         if hasattr(answers, name):
             checker(getattr(answers, name))
+
+
+def test_the_package_answer_is_out_of_reach():
+    """An answer that calls the package's own function fails while the checker runs, however it
+    was imported; the function is back afterwards."""
+    from minillm import sampling
+    from minillm.sampling import apply_top_k_top_p
+
+    def borrowed(logits, top_k, top_p):
+        k = torch.where(top_k > 0, top_k, logits.shape[-1])
+        return apply_top_k_top_p(logits, k, top_p)
+
+    def borrowed_from_the_module(logits, top_k, top_p):
+        k = torch.where(top_k > 0, top_k, logits.shape[-1])
+        return sampling.apply_top_k_top_p(logits, k, top_p)
+
+    checker = chapter_exercises("1b")["my_top_k_top_p(logits, top_k, top_p)"]
+    for answer in (borrowed, borrowed_from_the_module):
+        with pytest.raises(AssertionError, match="is the package's answer"):
+            checker(answer)
+    assert sampling.apply_top_k_top_p is apply_top_k_top_p  # back, in the module and the closure
+    logits = torch.randn(2, 9)
+    assert borrowed(logits, torch.tensor([0, 3]), torch.ones(2)).isfinite().sum() == 9 + 3
 
 
 def _reject_first(p, d, g, keep_draft=False):

@@ -9,6 +9,7 @@ __all__ = [
     "machine_summary",
     "ChapterRun",
     "check",
+    "out_of_reach",
     "exercise",
     "chapter_exercises",
     "run_exercises",
@@ -20,6 +21,7 @@ import importlib.util
 import os
 import platform
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -88,16 +90,61 @@ def _same(got, expected) -> bool:
     return got == expected
 
 
-def check(candidate, reference, cases, compare=_same, name: str | None = None):
-    """An exercise's checker: `candidate` must give what `reference` (the engine's own code)
-    gives on every case (a tuple of arguments). Raises AssertionError on the first that differs."""
+def check(candidate, reference, cases, compare=_same, name: str | None = None, hidden: tuple = ()):
+    """An exercise's checker: `candidate` must give what `reference` gives on every case (a tuple
+    of arguments), with the package's own answers `hidden` out of its reach (`out_of_reach`).
+    Raises AssertionError on the first case that differs."""
     cases = list(cases)
     for i, args in enumerate(cases):
         expected = reference(*args)
-        got = candidate(*args)
+        with out_of_reach(candidate, *hidden):
+            got = candidate(*args)
         if not compare(got, expected):
             raise AssertionError(f"case {i}: expected {expected!r:.300}, got {got!r:.300}")
     print(f"{name or getattr(candidate, '__name__', 'it')}: all {len(cases)} cases agree")
+
+
+@contextmanager
+def out_of_reach(candidate, *hidden):
+    """While a reader's answer runs, the package's own answers raise: each of `hidden` is a pair
+    (module or class, attribute name), replaced there and wherever the candidate holds the same
+    function under a name of its own (`from minillm.sampling import ...` in its module, or a
+    variable its closure captured)."""
+    swaps = []
+    cells = getattr(candidate, "__closure__", None) or ()
+    for owner, attr in hidden:
+        original = getattr(owner, attr)
+
+        def refused(*args, _name=f"{getattr(owner, '__name__', owner)}.{attr}", **kw):
+            raise AssertionError(f"{_name} is the package's answer: write your own")
+
+        swaps.append((owner, attr, original, refused))
+        names = getattr(candidate, "__globals__", {})
+        swaps += [(names, k, v, refused) for k, v in list(names.items()) if v is original]
+        swaps += [(c, "cell_contents", original, refused) for c in cells if _holds(c, original)]
+    for owner, attr, _, stand_in in swaps:
+        _set(owner, attr, stand_in)
+    try:
+        yield
+    finally:
+        for owner, attr, original, _ in reversed(swaps):
+            _set(owner, attr, original)
+
+
+def _holds(cell, value) -> bool:
+    "Does a closure's cell hold `value` (an empty cell holds nothing)?"
+    try:
+        return cell.cell_contents is value
+    except ValueError:
+        return False
+
+
+def _set(owner, attr: str, value):
+    "Set a module's or class's attribute, or a namespace dict's entry."
+    if isinstance(owner, dict):
+        owner[attr] = value
+    else:
+        setattr(owner, attr, value)
 
 
 # %% ../../nbs/01a_loader.ipynb #732c205f
