@@ -1094,20 +1094,20 @@ d = {
             ),
         },
         "minillm.course.exercises.ch01c": {
-            "minillm.course.exercises.ch01c._hf_greedy": (
-                "naive_generate.html#_hf_greedy",
-                "minillm/course/exercises/ch01c.py",
-            ),
-            "minillm.course.exercises.ch01c._tiny_llama": (
-                "naive_generate.html#_tiny_llama",
-                "minillm/course/exercises/ch01c.py",
-            ),
             "minillm.course.exercises.ch01c.check_greedy_generate": (
                 "naive_generate.html#check_greedy_generate",
                 "minillm/course/exercises/ch01c.py",
             ),
             "minillm.course.exercises.ch01c.check_naive_cost": (
                 "naive_generate.html#check_naive_cost",
+                "minillm/course/exercises/ch01c.py",
+            ),
+            "minillm.course.exercises.ch01c.tiny_llama": (
+                "naive_generate.html#tiny_llama",
+                "minillm/course/exercises/ch01c.py",
+            ),
+            "minillm.course.exercises.ch01c.transformers_greedy": (
+                "naive_generate.html#transformers_greedy",
                 "minillm/course/exercises/ch01c.py",
             ),
         },
@@ -1163,6 +1163,62 @@ d = {
             "minillm.course.exercises.ch04a.check_slot": (
                 "block_manager.html#check_slot",
                 "minillm/course/exercises/ch04a.py",
+            ),
+        },
+        "minillm.course.exercises.ch04b": {
+            "minillm.course.exercises.ch04b._flat_batches": (
+                "paged_attention.html#_flat_batches",
+                "minillm/course/exercises/ch04b.py",
+            ),
+            "minillm.course.exercises.ch04b._paged_by_hand": (
+                "paged_attention.html#_paged_by_hand",
+                "minillm/course/exercises/ch04b.py",
+            ),
+            "minillm.course.exercises.ch04b.check_gather": (
+                "paged_attention.html#check_gather",
+                "minillm/course/exercises/ch04b.py",
+            ),
+            "minillm.course.exercises.ch04b.check_paged_attention": (
+                "paged_attention.html#check_paged_attention",
+                "minillm/course/exercises/ch04b.py",
+            ),
+            "minillm.course.exercises.ch04b.check_slot_mapping": (
+                "paged_attention.html#check_slot_mapping",
+                "minillm/course/exercises/ch04b.py",
+            ),
+        },
+        "minillm.course.exercises.ch05": {
+            "minillm.course.exercises.ch05._Forward": (
+                "continuous_batching.html#_forward",
+                "minillm/course/exercises/ch05.py",
+            ),
+            "minillm.course.exercises.ch05._Forward.__call__": (
+                "continuous_batching.html#_forward.__call__",
+                "minillm/course/exercises/ch05.py",
+            ),
+            "minillm.course.exercises.ch05._Forward.__init__": (
+                "continuous_batching.html#_forward.__init__",
+                "minillm/course/exercises/ch05.py",
+            ),
+            "minillm.course.exercises.ch05._cases": (
+                "continuous_batching.html#_cases",
+                "minillm/course/exercises/ch05.py",
+            ),
+            "minillm.course.exercises.ch05._flat": (
+                "continuous_batching.html#_flat",
+                "minillm/course/exercises/ch05.py",
+            ),
+            "minillm.course.exercises.ch05.check_continuous_batching": (
+                "continuous_batching.html#check_continuous_batching",
+                "minillm/course/exercises/ch05.py",
+            ),
+            "minillm.course.exercises.ch05.check_cu_seqlens": (
+                "continuous_batching.html#check_cu_seqlens",
+                "minillm/course/exercises/ch05.py",
+            ),
+            "minillm.course.exercises.ch05.check_logits_indices": (
+                "continuous_batching.html#check_logits_indices",
+                "minillm/course/exercises/ch05.py",
             ),
         },
         "minillm.course.exercises.ch11": {
@@ -1519,6 +1575,34 @@ d = {
             "minillm.course.solutions.ch04a.my_slot": (
                 "block_manager.html#my_slot",
                 "minillm/course/solutions/ch04a.py",
+            ),
+        },
+        "minillm.course.solutions.ch04b": {
+            "minillm.course.solutions.ch04b.my_gather": (
+                "paged_attention.html#my_gather",
+                "minillm/course/solutions/ch04b.py",
+            ),
+            "minillm.course.solutions.ch04b.my_paged_attention": (
+                "paged_attention.html#my_paged_attention",
+                "minillm/course/solutions/ch04b.py",
+            ),
+            "minillm.course.solutions.ch04b.my_slot_mapping": (
+                "paged_attention.html#my_slot_mapping",
+                "minillm/course/solutions/ch04b.py",
+            ),
+        },
+        "minillm.course.solutions.ch05": {
+            "minillm.course.solutions.ch05.my_continuous_batching": (
+                "continuous_batching.html#my_continuous_batching",
+                "minillm/course/solutions/ch05.py",
+            ),
+            "minillm.course.solutions.ch05.my_cu_seqlens": (
+                "continuous_batching.html#my_cu_seqlens",
+                "minillm/course/solutions/ch05.py",
+            ),
+            "minillm.course.solutions.ch05.my_logits_indices": (
+                "continuous_batching.html#my_logits_indices",
+                "minillm/course/solutions/ch05.py",
             ),
         },
         "minillm.course.solutions.ch11": {
