@@ -1221,6 +1221,28 @@ d = {
                 "minillm/course/exercises/ch05.py",
             ),
         },
+        "minillm.course.exercises.ch06": {
+            "minillm.course.exercises.ch06._scheduled": (
+                "scheduler.html#_scheduled",
+                "minillm/course/exercises/ch06.py",
+            ),
+            "minillm.course.exercises.ch06._states": (
+                "scheduler.html#_states",
+                "minillm/course/exercises/ch06.py",
+            ),
+            "minillm.course.exercises.ch06.check_order": (
+                "scheduler.html#check_order",
+                "minillm/course/exercises/ch06.py",
+            ),
+            "minillm.course.exercises.ch06.check_plan": (
+                "scheduler.html#check_plan",
+                "minillm/course/exercises/ch06.py",
+            ),
+            "minillm.course.exercises.ch06.check_prefill_iterations": (
+                "scheduler.html#check_prefill_iterations",
+                "minillm/course/exercises/ch06.py",
+            ),
+        },
         "minillm.course.exercises.ch11": {
             "minillm.course.exercises.ch11.check_embed_partial": (
                 "tensor_parallel.html#check_embed_partial",
@@ -1603,6 +1625,20 @@ d = {
             "minillm.course.solutions.ch05.my_logits_indices": (
                 "continuous_batching.html#my_logits_indices",
                 "minillm/course/solutions/ch05.py",
+            ),
+        },
+        "minillm.course.solutions.ch06": {
+            "minillm.course.solutions.ch06.my_order": (
+                "scheduler.html#my_order",
+                "minillm/course/solutions/ch06.py",
+            ),
+            "minillm.course.solutions.ch06.my_plan": (
+                "scheduler.html#my_plan",
+                "minillm/course/solutions/ch06.py",
+            ),
+            "minillm.course.solutions.ch06.my_prefill_iterations": (
+                "scheduler.html#my_prefill_iterations",
+                "minillm/course/solutions/ch06.py",
             ),
         },
         "minillm.course.solutions.ch11": {
