@@ -1243,6 +1243,24 @@ d = {
                 "minillm/course/exercises/ch06.py",
             ),
         },
+        "minillm.course.exercises.ch07a": {
+            "minillm.course.exercises.ch07a._tiny_models": (
+                "model_runner.html#_tiny_models",
+                "minillm/course/exercises/ch07a.py",
+            ),
+            "minillm.course.exercises.ch07a.check_num_blocks": (
+                "model_runner.html#check_num_blocks",
+                "minillm/course/exercises/ch07a.py",
+            ),
+            "minillm.course.exercises.ch07a.check_samples": (
+                "model_runner.html#check_samples",
+                "minillm/course/exercises/ch07a.py",
+            ),
+            "minillm.course.exercises.ch07a.check_step": (
+                "model_runner.html#check_step",
+                "minillm/course/exercises/ch07a.py",
+            ),
+        },
         "minillm.course.exercises.ch11": {
             "minillm.course.exercises.ch11.check_embed_partial": (
                 "tensor_parallel.html#check_embed_partial",
@@ -1639,6 +1657,20 @@ d = {
             "minillm.course.solutions.ch06.my_prefill_iterations": (
                 "scheduler.html#my_prefill_iterations",
                 "minillm/course/solutions/ch06.py",
+            ),
+        },
+        "minillm.course.solutions.ch07a": {
+            "minillm.course.solutions.ch07a.my_num_blocks": (
+                "model_runner.html#my_num_blocks",
+                "minillm/course/solutions/ch07a.py",
+            ),
+            "minillm.course.solutions.ch07a.my_samples": (
+                "model_runner.html#my_samples",
+                "minillm/course/solutions/ch07a.py",
+            ),
+            "minillm.course.solutions.ch07a.my_step": (
+                "model_runner.html#my_step",
+                "minillm/course/solutions/ch07a.py",
             ),
         },
         "minillm.course.solutions.ch11": {
