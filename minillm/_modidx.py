@@ -1261,6 +1261,32 @@ d = {
                 "minillm/course/exercises/ch07a.py",
             ),
         },
+        "minillm.course.exercises.ch07b": {
+            "minillm.course.exercises.ch07b._Device": (
+                "engine.html#_device",
+                "minillm/course/exercises/ch07b.py",
+            ),
+            "minillm.course.exercises.ch07b._Device.__call__": (
+                "engine.html#_device.__call__",
+                "minillm/course/exercises/ch07b.py",
+            ),
+            "minillm.course.exercises.ch07b._Device.__init__": (
+                "engine.html#_device.__init__",
+                "minillm/course/exercises/ch07b.py",
+            ),
+            "minillm.course.exercises.ch07b.check_max_tokens": (
+                "engine.html#check_max_tokens",
+                "minillm/course/exercises/ch07b.py",
+            ),
+            "minillm.course.exercises.ch07b.check_run_isolating_failures": (
+                "engine.html#check_run_isolating_failures",
+                "minillm/course/exercises/ch07b.py",
+            ),
+            "minillm.course.exercises.ch07b.check_seeds": (
+                "engine.html#check_seeds",
+                "minillm/course/exercises/ch07b.py",
+            ),
+        },
         "minillm.course.exercises.ch11": {
             "minillm.course.exercises.ch11.check_embed_partial": (
                 "tensor_parallel.html#check_embed_partial",
@@ -1671,6 +1697,20 @@ d = {
             "minillm.course.solutions.ch07a.my_step": (
                 "model_runner.html#my_step",
                 "minillm/course/solutions/ch07a.py",
+            ),
+        },
+        "minillm.course.solutions.ch07b": {
+            "minillm.course.solutions.ch07b.my_max_tokens": (
+                "engine.html#my_max_tokens",
+                "minillm/course/solutions/ch07b.py",
+            ),
+            "minillm.course.solutions.ch07b.my_run_isolating_failures": (
+                "engine.html#my_run_isolating_failures",
+                "minillm/course/solutions/ch07b.py",
+            ),
+            "minillm.course.solutions.ch07b.my_seeds": (
+                "engine.html#my_seeds",
+                "minillm/course/solutions/ch07b.py",
             ),
         },
         "minillm.course.solutions.ch11": {
