@@ -1287,6 +1287,20 @@ d = {
                 "minillm/course/exercises/ch07b.py",
             ),
         },
+        "minillm.course.exercises.ch08b": {
+            "minillm.course.exercises.ch08b._partials": (
+                "triton_kernel.html#_partials",
+                "minillm/course/exercises/ch08b.py",
+            ),
+            "minillm.course.exercises.ch08b.check_merge": (
+                "triton_kernel.html#check_merge",
+                "minillm/course/exercises/ch08b.py",
+            ),
+            "minillm.course.exercises.ch08b.check_num_splits": (
+                "triton_kernel.html#check_num_splits",
+                "minillm/course/exercises/ch08b.py",
+            ),
+        },
         "minillm.course.exercises.ch11": {
             "minillm.course.exercises.ch11.check_embed_partial": (
                 "tensor_parallel.html#check_embed_partial",
@@ -1711,6 +1725,16 @@ d = {
             "minillm.course.solutions.ch07b.my_seeds": (
                 "engine.html#my_seeds",
                 "minillm/course/solutions/ch07b.py",
+            ),
+        },
+        "minillm.course.solutions.ch08b": {
+            "minillm.course.solutions.ch08b.my_merge": (
+                "triton_kernel.html#my_merge",
+                "minillm/course/solutions/ch08b.py",
+            ),
+            "minillm.course.solutions.ch08b.my_num_splits": (
+                "triton_kernel.html#my_num_splits",
+                "minillm/course/solutions/ch08b.py",
             ),
         },
         "minillm.course.solutions.ch11": {
