@@ -2578,8 +2578,8 @@ d = {
                 "engine_loop.html#overlaploop.busy",
                 "minillm/engine/overlap.py",
             ),
-            "minillm.engine.overlap.OverlapLoop.close": (
-                "engine_loop.html#overlaploop.close",
+            "minillm.engine.overlap.OverlapLoop.closer": (
+                "engine_loop.html#overlaploop.closer",
                 "minillm/engine/overlap.py",
             ),
             "minillm.engine.overlap.OverlapLoop.step": (

@@ -266,7 +266,7 @@ class LLMEngine:
             from minillm.engine.overlap import OverlapLoop
 
             self.overlap = OverlapLoop(self)
-            self.stops.append(self.overlap.close)
+            self.stops.append(self.overlap.closer())
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self.last_iteration = IterationStats(0, 0, 0)  # the newest step's token counts
 

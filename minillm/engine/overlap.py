@@ -185,7 +185,8 @@ class OverlapLoop:
         "Is a step in flight?"
         return bool(self.in_flight)
 
-    def close(self):
-        "Stop the worker thread (a CPU's)."
-        if self.device_thread is not None:
-            self.device_thread.shutdown(wait=True)
+    def closer(self):
+        """What stops the worker thread (a CPU's), for the engine's finalizer: it holds nothing of
+        the engine, which the finalizer would otherwise keep alive, KV pool and all."""
+        thread = self.device_thread
+        return (lambda: thread.shutdown(wait=True)) if thread else (lambda: None)
