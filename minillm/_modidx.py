@@ -1301,6 +1301,20 @@ d = {
                 "minillm/course/exercises/ch08b.py",
             ),
         },
+        "minillm.course.exercises.ch09b": {
+            "minillm.course.exercises.ch09b._parsed": (
+                "cli.html#_parsed",
+                "minillm/course/exercises/ch09b.py",
+            ),
+            "minillm.course.exercises.ch09b.check_default_mode": (
+                "cli.html#check_default_mode",
+                "minillm/course/exercises/ch09b.py",
+            ),
+            "minillm.course.exercises.ch09b.check_engine_argv": (
+                "cli.html#check_engine_argv",
+                "minillm/course/exercises/ch09b.py",
+            ),
+        },
         "minillm.course.exercises.ch11": {
             "minillm.course.exercises.ch11.check_embed_partial": (
                 "tensor_parallel.html#check_embed_partial",
@@ -1735,6 +1749,16 @@ d = {
             "minillm.course.solutions.ch08b.my_num_splits": (
                 "triton_kernel.html#my_num_splits",
                 "minillm/course/solutions/ch08b.py",
+            ),
+        },
+        "minillm.course.solutions.ch09b": {
+            "minillm.course.solutions.ch09b.my_default_mode": (
+                "cli.html#my_default_mode",
+                "minillm/course/solutions/ch09b.py",
+            ),
+            "minillm.course.solutions.ch09b.my_engine_argv": (
+                "cli.html#my_engine_argv",
+                "minillm/course/solutions/ch09b.py",
             ),
         },
         "minillm.course.solutions.ch11": {
