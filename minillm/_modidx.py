@@ -1301,6 +1301,24 @@ d = {
                 "minillm/course/exercises/ch08b.py",
             ),
         },
+        "minillm.course.exercises.ch08c": {
+            "minillm.course.exercises.ch08c._buffers": (
+                "cuda_graphs.html#_buffers",
+                "minillm/course/exercises/ch08c.py",
+            ),
+            "minillm.course.exercises.ch08c._replay": (
+                "cuda_graphs.html#_replay",
+                "minillm/course/exercises/ch08c.py",
+            ),
+            "minillm.course.exercises.ch08c.check_graph_for": (
+                "cuda_graphs.html#check_graph_for",
+                "minillm/course/exercises/ch08c.py",
+            ),
+            "minillm.course.exercises.ch08c.check_pad_into": (
+                "cuda_graphs.html#check_pad_into",
+                "minillm/course/exercises/ch08c.py",
+            ),
+        },
         "minillm.course.exercises.ch09b": {
             "minillm.course.exercises.ch09b._parsed": (
                 "cli.html#_parsed",
@@ -1749,6 +1767,16 @@ d = {
             "minillm.course.solutions.ch08b.my_num_splits": (
                 "triton_kernel.html#my_num_splits",
                 "minillm/course/solutions/ch08b.py",
+            ),
+        },
+        "minillm.course.solutions.ch08c": {
+            "minillm.course.solutions.ch08c.my_graph_for": (
+                "cuda_graphs.html#my_graph_for",
+                "minillm/course/solutions/ch08c.py",
+            ),
+            "minillm.course.solutions.ch08c.my_pad_into": (
+                "cuda_graphs.html#my_pad_into",
+                "minillm/course/solutions/ch08c.py",
             ),
         },
         "minillm.course.solutions.ch09b": {
