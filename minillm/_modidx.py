@@ -142,6 +142,10 @@ d = {
                 "triton_kernel.html#benchmark_decode",
                 "minillm/bench/kernels.py",
             ),
+            "minillm.bench.kernels.committed_gpu_results": (
+                "triton_kernel.html#committed_gpu_results",
+                "minillm/bench/kernels.py",
+            ),
             "minillm.bench.kernels.decode_attention_bytes": (
                 "triton_kernel.html#decode_attention_bytes",
                 "minillm/bench/kernels.py",
