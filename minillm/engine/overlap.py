@@ -7,6 +7,7 @@ __all__ = ["overlap_refusal", "ran", "StepInFlight", "OverlapLoop"]
 
 # %% ../../nbs/17_engine_loop.ipynb #c17031
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -88,7 +89,9 @@ class OverlapLoop:
     thread, in launch order, as a GPU's stream runs kernels."""
 
     def __init__(self, engine):
-        self.engine = engine
+        # the engine owns its loop: a proxy, not a reference the engine would be a cycle with (a
+        # cycle frees the engine's pool only when the garbage collector next looks, maybe never)
+        self.engine = weakref.proxy(engine)
         self.in_flight: deque[StepInFlight] = deque()  # oldest first: at most two
         cpu = engine.runner.device.type == "cpu"
         self.device_thread = ThreadPoolExecutor(1, "minillm-device") if cpu else None
