@@ -1980,10 +1980,6 @@ d = {
                 "engine.html#engineconfig",
                 "minillm/engine/config.py",
             ),
-            "minillm.engine.config.EngineConfig._async_scheduling": (
-                "engine.html#engineconfig._async_scheduling",
-                "minillm/engine/config.py",
-            ),
             "minillm.engine.config.EngineConfig.resolved": (
                 "engine.html#engineconfig.resolved",
                 "minillm/engine/config.py",
@@ -2656,6 +2652,10 @@ d = {
             ),
             "minillm.engine.overlap.StepInFlight.tokens": (
                 "engine_loop.html#stepinflight.tokens",
+                "minillm/engine/overlap.py",
+            ),
+            "minillm.engine.overlap.async_scheduling": (
+                "engine_loop.html#async_scheduling",
                 "minillm/engine/overlap.py",
             ),
             "minillm.engine.overlap.overlap_refusal": (

@@ -7,7 +7,6 @@ __all__ = ["EngineConfig", "cpu_has_native_bf16", "auto_dtype", "EngineDeadError
 
 # %% ../../nbs/07b_engine.ipynb #c79cbd4c
 import dataclasses
-import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -87,22 +86,7 @@ class EngineConfig:
             from minillm.engine.kv_transfer import check_kv_transfer
 
             check_kv_transfer(self)
-        return dataclasses.replace(
-            self, device=device, dtype=dtype, async_scheduling=self._async_scheduling(device)
-        )
-
-    def _async_scheduling(self, device: str) -> bool:
-        "Whether the engine plans a step ahead (chapter 17): asked for, or by default on CUDA."
-        if self.async_scheduling is False:
-            return False
-        from minillm.engine.overlap import overlap_refusal
-
-        refusal = overlap_refusal(self)
-        if refusal and self.async_scheduling:
-            raise ValueError(f"async_scheduling cannot run with {refusal}")
-        if refusal and device.startswith("cuda"):
-            logging.getLogger("minillm").warning("async scheduling: off for %s", refusal)
-        return not refusal and (self.async_scheduling or device.startswith("cuda"))
+        return dataclasses.replace(self, device=device, dtype=dtype)
 
 
 def cpu_has_native_bf16() -> bool:

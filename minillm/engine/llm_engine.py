@@ -193,6 +193,10 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = cfg = (config or EngineConfig(**kwargs)).resolved()
+        if cfg.async_scheduling is not False:  # chapter 17: on or off, settled before loading
+            from minillm.engine.overlap import async_scheduling
+
+            self.config = cfg = dataclasses.replace(cfg, async_scheduling=async_scheduling(cfg))
         weights = cfg.load_format != "dummy"  # dummy weights need the config and tokenizer alone
         self.model_path = resolve_model_path(cfg.model, cfg.revision, cfg.download_dir, weights)
         self.model_name = model_name(cfg.model)
