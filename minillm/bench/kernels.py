@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+import minillm
+
 from ..attention.paged import AttentionMetadata
 from ..core.kv_cache import PagedKVCache
 from ..kernels.triton_attention import paged_attention_triton, plan_triton_attention
@@ -140,7 +142,7 @@ def benchmark_decode(
 
 
 # %% ../../nbs/08b_triton_kernel.ipynb #314c36c5
-GPU_RESULTS = Path(__file__).resolve().parents[2] / "bench-results" / "gpu"
+GPU_RESULTS = Path(minillm.__file__).resolve().parents[1] / "bench-results" / "gpu"
 GPU_RESULT_FILES = ("gpu_check.json", "first-run-h200-2026-12-04.json")  # the newest first
 
 
