@@ -190,13 +190,11 @@ def test_request_too_big_for_the_pool(model_dir):
 
 
 POISON = 4242  # a token id that makes the (wrapped) model raise, as a bug or a device error might
+POISONED_PROMPTS = [[5, 6, 7, 8] * 5, [9, POISON, 11], [12, 13] * 20, [POISON] * 3]
 
 
-def test_a_failing_request_fails_alone(random_llama):
-    """A forward pass that raises for one request's tokens fails that request only; the others get
-    their exact tokens."""
-    path, hf = random_llama
-    llm = LLM(str(path), max_num_batched_tokens=64)
+def poison(llm):
+    "Make `llm`'s model raise for every batch that holds the POISON token."
     runner = llm.engine.runner
     forward = runner.forward  # every step's one way to the model, op by op or in one call (13b)
 
@@ -206,17 +204,29 @@ def test_a_failing_request_fails_alone(random_llama):
         return forward(batch)
 
     runner.forward = poisoned
-    prompts = [[5, 6, 7, 8] * 5, [9, POISON, 11], [12, 13] * 20, [POISON] * 3]
-    outs = llm.generate(
-        prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False
-    )
-    for p, o in zip(prompts, outs):
+
+
+def assert_poison_fails_alone(llm, hf):
+    """POISONED_PROMPTS through `llm`: the requests with the poison fail, each alone; the others
+    get their exact tokens; nothing is left held."""
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate(POISONED_PROMPTS, params, use_tqdm=False)
+    for p, o in zip(POISONED_PROMPTS, outs):
         if POISON in p:
             assert o.finish_reason == "error" and "poisoned batch" in o.error and o.finished
         else:
             assert o.finish_reason == "length" and o.token_ids == hf_greedy(hf, p, 10)
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and not llm.engine.requests
+
+
+def test_a_failing_request_fails_alone(random_llama):
+    """A forward pass that raises for one request's tokens fails that request only; the others get
+    their exact tokens."""
+    path, hf = random_llama
+    llm = LLM(str(path), max_num_batched_tokens=64)
+    poison(llm)
+    assert_poison_fails_alone(llm, hf)
 
 
 def test_seeds_and_global_rng(random_llama):

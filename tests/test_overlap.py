@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import hf_greedy
 from test_cuda_graphs import graph_llm
-from test_engine import POISON
+from test_engine import assert_poison_fails_alone, poison
 from test_hybrid_models import GEMMA3
 from test_linear_attention import QWEN3_5
 from transformers import AutoModelForCausalLM
@@ -158,24 +158,8 @@ def test_aborts_while_a_step_is_in_flight(random_llama):
 def test_a_failing_batch_runs_again_one_by_one(random_llama):
     path, hf = random_llama
     llm = overlapped(path, max_num_batched_tokens=64)
-    runner = llm.engine.runner
-    forward = runner.forward
-
-    def poisoned(batch):
-        if (batch.input_ids == POISON).any():
-            raise RuntimeError("poisoned batch")
-        return forward(batch)
-
-    runner.forward = poisoned
-    prompts = [[5, 6, 7, 8] * 5, [9, POISON, 11], [12, 13] * 20, [POISON] * 3]
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    for p, o in zip(prompts, outs):
-        if POISON in p:
-            assert o.finish_reason == "error" and "poisoned batch" in o.error
-        else:
-            assert o.finish_reason == "length" and o.token_ids == hf_greedy(hf, p, 10)
-    assert_nothing_held(llm)
+    poison(llm)
+    assert_poison_fails_alone(llm, hf)
 
 
 def test_grammars_and_penalties_see_the_token_just_read(random_llama):
