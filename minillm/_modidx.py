@@ -1291,6 +1291,20 @@ d = {
                 "minillm/course/exercises/ch07b.py",
             ),
         },
+        "minillm.course.exercises.ch08a": {
+            "minillm.course.exercises.ch08a._decode_by_hand": (
+                "cpu_attention.html#_decode_by_hand",
+                "minillm/course/exercises/ch08a.py",
+            ),
+            "minillm.course.exercises.ch08a.check_decode": (
+                "cpu_attention.html#check_decode",
+                "minillm/course/exercises/ch08a.py",
+            ),
+            "minillm.course.exercises.ch08a.check_row_bucket": (
+                "cpu_attention.html#check_row_bucket",
+                "minillm/course/exercises/ch08a.py",
+            ),
+        },
         "minillm.course.exercises.ch08b": {
             "minillm.course.exercises.ch08b._partials": (
                 "triton_kernel.html#_partials",
@@ -1761,6 +1775,16 @@ d = {
             "minillm.course.solutions.ch07b.my_seeds": (
                 "engine.html#my_seeds",
                 "minillm/course/solutions/ch07b.py",
+            ),
+        },
+        "minillm.course.solutions.ch08a": {
+            "minillm.course.solutions.ch08a.my_decode": (
+                "cpu_attention.html#my_decode",
+                "minillm/course/solutions/ch08a.py",
+            ),
+            "minillm.course.solutions.ch08a.my_row_bucket": (
+                "cpu_attention.html#my_row_bucket",
+                "minillm/course/solutions/ch08a.py",
             ),
         },
         "minillm.course.solutions.ch08b": {
