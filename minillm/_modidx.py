@@ -1337,6 +1337,24 @@ d = {
                 "minillm/course/exercises/ch08c.py",
             ),
         },
+        "minillm.course.exercises.ch09": {
+            "minillm.course.exercises.ch09._events": (
+                "serving.html#_events",
+                "minillm/course/exercises/ch09.py",
+            ),
+            "minillm.course.exercises.ch09.check_chat_stream": (
+                "serving.html#check_chat_stream",
+                "minillm/course/exercises/ch09.py",
+            ),
+            "minillm.course.exercises.ch09.check_temperature": (
+                "serving.html#check_temperature",
+                "minillm/course/exercises/ch09.py",
+            ),
+            "minillm.course.exercises.ch09.check_usage": (
+                "serving.html#check_usage",
+                "minillm/course/exercises/ch09.py",
+            ),
+        },
         "minillm.course.exercises.ch09b": {
             "minillm.course.exercises.ch09b._parsed": (
                 "cli.html#_parsed",
@@ -1805,6 +1823,20 @@ d = {
             "minillm.course.solutions.ch08c.my_pad_into": (
                 "cuda_graphs.html#my_pad_into",
                 "minillm/course/solutions/ch08c.py",
+            ),
+        },
+        "minillm.course.solutions.ch09": {
+            "minillm.course.solutions.ch09.my_chat_stream": (
+                "serving.html#my_chat_stream",
+                "minillm/course/solutions/ch09.py",
+            ),
+            "minillm.course.solutions.ch09.my_temperature_ok": (
+                "serving.html#my_temperature_ok",
+                "minillm/course/solutions/ch09.py",
+            ),
+            "minillm.course.solutions.ch09.my_usage": (
+                "serving.html#my_usage",
+                "minillm/course/solutions/ch09.py",
             ),
         },
         "minillm.course.solutions.ch09b": {
