@@ -108,8 +108,10 @@ class Scheduler:
         decodes_first = sorted(self.running, key=lambda r: r.num_pending_tokens > 1)  # stable
         for req in decodes_first:
             n = min(req.num_pending_tokens + self._lookahead(req), budget)
-            if req in preempted or n == 0 or req.num_output_tokens >= req.max_tokens:
-                continue  # (done at its length once its token in flight is read, chapter 17)
+            if req in preempted or n == 0:
+                continue
+            if req.num_placeholders and req.num_output_tokens >= req.max_tokens:
+                continue  # done at its length once its token in flight is read (chapter 17)
             while not self.bm.can_allocate(req, n):
                 victim = self.running.pop()  # the newest
                 self._preempt(victim)

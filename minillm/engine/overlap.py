@@ -36,12 +36,13 @@ def overlap_refusal(cfg) -> str | None:
 def async_scheduling(cfg) -> bool:
     """Whether an engine of the resolved `cfg` plans a step ahead: when asked, or by default on
     CUDA, where nothing refuses it; asked for where it cannot run, a ValueError that says why."""
-    refusal, cuda = overlap_refusal(cfg), cfg.device.startswith("cuda")
+    refusal = overlap_refusal(cfg)
+    wanted = cfg.device.startswith("cuda") if cfg.async_scheduling is None else cfg.async_scheduling
     if refusal and cfg.async_scheduling:
         raise ValueError(f"async_scheduling cannot run with {refusal}")
-    if refusal and cuda and cfg.async_scheduling is None:
+    if refusal and wanted:  # CUDA's default, refused
         logger.warning("async scheduling: off for %s", refusal)
-    return not refusal and (cfg.async_scheduling or (cuda and cfg.async_scheduling is None))
+    return wanted and not refusal
 
 
 def ran(fn, *args) -> Future:
@@ -114,6 +115,8 @@ class OverlapLoop:
         "One iteration: step N+1 launched, step N's outputs returned."
         out = self.engine.scheduler.schedule()
         new, sampled_here = self._launch(out) if not out.is_empty else (None, False)
+        if new is not None and not sampled_here:
+            self._queue(new)  # counted computed now: the next plan builds on it
         outputs = self._read() if self.in_flight and self.in_flight[0] is not new else []
         if sampled_here:
             outputs += self._sample_here(new)
@@ -127,7 +130,7 @@ class OverlapLoop:
         here = any(r.params.processes_logits for r in out.requests)
         prepared = ran(runner.prepare, out)
         if prepared.exception() is not None:
-            return self._queue(StepInFlight(out, rows, prepared), here), here
+            return StepInFlight(out, rows, prepared), here
         batch = prepared.result()
         at, sources = previous.placeholders_in(out, batch) if previous else ([], [])
 
@@ -141,18 +144,17 @@ class OverlapLoop:
             return (batch, logits) if here else runner.sample(out, batch, logits, rows)
 
         if self.device_thread is None:
-            return self._queue(StepInFlight(out, rows, ran(job)), here), here
+            return StepInFlight(out, rows, ran(job)), here
         step = StepInFlight(out, rows, self.device_thread.submit(job))
         time.sleep(0)  # hand the worker the GIL now, not after the host's next 5 ms of Python
-        return self._queue(step, here), here
+        return step, here
 
-    def _queue(self, step: StepInFlight, here: bool) -> StepInFlight:
-        "A step sampled on the device is counted computed at once, placeholders and all."
-        if not here:
-            samples = [i in set(step.rows) for i in range(len(step.out.requests))]
-            self.engine.scheduler.update_ahead(step.out, samples)
-            self.in_flight.append(step)
-        return step
+    def _queue(self, step: StepInFlight):
+        "A step whose tokens are sampled: counted computed, placeholders and all; in flight."
+        rows = set(step.rows)
+        samples = [i in rows for i in range(len(step.out.requests))]
+        self.engine.scheduler.update_ahead(step.out, samples)
+        self.in_flight.append(step)
 
     def _read(self) -> list:
         "The outputs of the oldest step in flight, its tokens read back."
@@ -176,7 +178,7 @@ class OverlapLoop:
             raise
         except Exception as error:
             return self._one_by_one(step.out, error)
-        self._queue(StepInFlight(step.out, rows, ran(lambda: sampled)), False)
+        self._queue(StepInFlight(step.out, rows, ran(lambda: sampled)))
         return []
 
     def _failed(self, step: StepInFlight, error: Exception) -> list:
@@ -194,7 +196,8 @@ class OverlapLoop:
         going_on = [(r, n) for r, n in zip(out.requests, out.num_tokens) if not r.finished]
         if not going_on:
             return []
-        out = SchedulerOutput(*map(list, zip(*going_on)))
+        requests, num_tokens = map(list, zip(*going_on))
+        out = SchedulerOutput(requests, num_tokens, num_prefill_tokens=out.num_prefill_tokens)
         return self.engine.process(out, *self.engine.execute_one_by_one(out, error))
 
     @property
