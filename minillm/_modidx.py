@@ -1291,6 +1291,28 @@ d = {
                 "minillm/course/exercises/ch07b.py",
             ),
         },
+        "minillm.course.exercises.ch07c": {
+            "minillm.course.exercises.ch07c.alone": (
+                "offline_bench.html#alone",
+                "minillm/course/exercises/ch07c.py",
+            ),
+            "minillm.course.exercises.ch07c.check_padded_generate": (
+                "offline_bench.html#check_padded_generate",
+                "minillm/course/exercises/ch07c.py",
+            ),
+            "minillm.course.exercises.ch07c.check_static_rows": (
+                "offline_bench.html#check_static_rows",
+                "minillm/course/exercises/ch07c.py",
+            ),
+            "minillm.course.exercises.ch07c.padded_rows": (
+                "offline_bench.html#padded_rows",
+                "minillm/course/exercises/ch07c.py",
+            ),
+            "minillm.course.exercises.ch07c.tiny_llama": (
+                "offline_bench.html#tiny_llama",
+                "minillm/course/exercises/ch07c.py",
+            ),
+        },
         "minillm.course.exercises.ch08a": {
             "minillm.course.exercises.ch08a._decode_by_hand": (
                 "cpu_attention.html#_decode_by_hand",
@@ -1367,6 +1389,48 @@ d = {
             "minillm.course.exercises.ch09b.check_engine_argv": (
                 "cli.html#check_engine_argv",
                 "minillm/course/exercises/ch09b.py",
+            ),
+        },
+        "minillm.course.exercises.ch10": {
+            "minillm.course.exercises.ch10.JumpingClockLoop": (
+                "benchmarks.html#jumpingclockloop",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10.JumpingClockLoop.__init__": (
+                "benchmarks.html#jumpingclockloop.__init__",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10.JumpingClockLoop.time": (
+                "benchmarks.html#jumpingclockloop.time",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10._Jumps": (
+                "benchmarks.html#_jumps",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10._Jumps.__init__": (
+                "benchmarks.html#_jumps.__init__",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10._Jumps.select": (
+                "benchmarks.html#_jumps.select",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10.check_open_loop": (
+                "benchmarks.html#check_open_loop",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10.check_percentile": (
+                "benchmarks.html#check_percentile",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10.open_loop_run": (
+                "benchmarks.html#open_loop_run",
+                "minillm/course/exercises/ch10.py",
+            ),
+            "minillm.course.exercises.ch10.scheduled_starts": (
+                "benchmarks.html#scheduled_starts",
+                "minillm/course/exercises/ch10.py",
             ),
         },
         "minillm.course.exercises.ch11": {
@@ -1477,6 +1541,16 @@ d = {
                 "minillm/course/exercises/ch13.py",
             ),
         },
+        "minillm.course.exercises.ch13b": {
+            "minillm.course.exercises.ch13b.check_panel_index": (
+                "cpu_decode.html#check_panel_index",
+                "minillm/course/exercises/ch13b.py",
+            ),
+            "minillm.course.exercises.ch13b.check_panel_linear": (
+                "cpu_decode.html#check_panel_linear",
+                "minillm/course/exercises/ch13b.py",
+            ),
+        },
         "minillm.course.exercises.ch14": {
             "minillm.course.exercises.ch14._agreement": (
                 "beyond_one_engine.html#_agreement",
@@ -1504,36 +1578,96 @@ d = {
             ),
         },
         "minillm.course.exercises.ch15": {
+            "minillm.course.exercises.ch15._state": (
+                "hybrid_models.html#_state",
+                "minillm/course/exercises/ch15.py",
+            ),
+            "minillm.course.exercises.ch15.brute_servable": (
+                "hybrid_models.html#brute_servable",
+                "minillm/course/exercises/ch15.py",
+            ),
+            "minillm.course.exercises.ch15.check_hybrid_manager": (
+                "hybrid_models.html#check_hybrid_manager",
+                "minillm/course/exercises/ch15.py",
+            ),
             "minillm.course.exercises.ch15.check_servable_prefix": (
                 "hybrid_models.html#check_servable_prefix",
                 "minillm/course/exercises/ch15.py",
             ),
-            "minillm.course.exercises.ch15.check_skipped_blocks": (
-                "hybrid_models.html#check_skipped_blocks",
-                "minillm/course/exercises/ch15.py",
-            ),
-            "minillm.course.exercises.ch15.check_window_mask": (
-                "hybrid_models.html#check_window_mask",
+            "minillm.course.exercises.ch15.hybrid_trace": (
+                "hybrid_models.html#hybrid_trace",
                 "minillm/course/exercises/ch15.py",
             ),
         },
         "minillm.course.exercises.ch15b": {
+            "minillm.course.exercises.ch15b.CountCalls": (
+                "linear_attention.html#countcalls",
+                "minillm/course/exercises/ch15b.py",
+            ),
+            "minillm.course.exercises.ch15b.CountCalls.__init__": (
+                "linear_attention.html#countcalls.__init__",
+                "minillm/course/exercises/ch15b.py",
+            ),
+            "minillm.course.exercises.ch15b.CountCalls.__torch_function__": (
+                "linear_attention.html#countcalls.__torch_function__",
+                "minillm/course/exercises/ch15b.py",
+            ),
+            "minillm.course.exercises.ch15b._run": (
+                "linear_attention.html#_run",
+                "minillm/course/exercises/ch15b.py",
+            ),
+            "minillm.course.exercises.ch15b.check_chunked_delta": (
+                "linear_attention.html#check_chunked_delta",
+                "minillm/course/exercises/ch15b.py",
+            ),
             "minillm.course.exercises.ch15b.check_conv_continue": (
                 "linear_attention.html#check_conv_continue",
                 "minillm/course/exercises/ch15b.py",
             ),
-            "minillm.course.exercises.ch15b.check_delta_step": (
-                "linear_attention.html#check_delta_step",
+            "minillm.course.exercises.ch15b.delta_batch": (
+                "linear_attention.html#delta_batch",
+                "minillm/course/exercises/ch15b.py",
+            ),
+            "minillm.course.exercises.ch15b.delta_rule_token_by_token": (
+                "linear_attention.html#delta_rule_token_by_token",
                 "minillm/course/exercises/ch15b.py",
             ),
         },
         "minillm.course.exercises.ch16": {
-            "minillm.course.exercises.ch16.check_align": (
-                "mixture_of_experts.html#check_align",
+            "minillm.course.exercises.ch16.OnTheDevice": (
+                "mixture_of_experts.html#onthedevice",
                 "minillm/course/exercises/ch16.py",
             ),
-            "minillm.course.exercises.ch16.check_route": (
-                "mixture_of_experts.html#check_route",
+            "minillm.course.exercises.ch16.OnTheDevice.__init__": (
+                "mixture_of_experts.html#onthedevice.__init__",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16.OnTheDevice.__torch_function__": (
+                "mixture_of_experts.html#onthedevice.__torch_function__",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16._on_device": (
+                "mixture_of_experts.html#_on_device",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16.capacity_pair_by_pair": (
+                "mixture_of_experts.html#capacity_pair_by_pair",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16.check_capacity_mask": (
+                "mixture_of_experts.html#check_capacity_mask",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16.check_moe_on_device": (
+                "mixture_of_experts.html#check_moe_on_device",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16.moe_inputs": (
+                "mixture_of_experts.html#moe_inputs",
+                "minillm/course/exercises/ch16.py",
+            ),
+            "minillm.course.exercises.ch16.moe_pair_by_pair": (
+                "mixture_of_experts.html#moe_pair_by_pair",
                 "minillm/course/exercises/ch16.py",
             ),
         },
@@ -1795,6 +1929,16 @@ d = {
                 "minillm/course/solutions/ch07b.py",
             ),
         },
+        "minillm.course.solutions.ch07c": {
+            "minillm.course.solutions.ch07c.my_padded_generate": (
+                "offline_bench.html#my_padded_generate",
+                "minillm/course/solutions/ch07c.py",
+            ),
+            "minillm.course.solutions.ch07c.my_static_rows": (
+                "offline_bench.html#my_static_rows",
+                "minillm/course/solutions/ch07c.py",
+            ),
+        },
         "minillm.course.solutions.ch08a": {
             "minillm.course.solutions.ch08a.my_decode": (
                 "cpu_attention.html#my_decode",
@@ -1847,6 +1991,16 @@ d = {
             "minillm.course.solutions.ch09b.my_engine_argv": (
                 "cli.html#my_engine_argv",
                 "minillm/course/solutions/ch09b.py",
+            ),
+        },
+        "minillm.course.solutions.ch10": {
+            "minillm.course.solutions.ch10.my_open_loop": (
+                "benchmarks.html#my_open_loop",
+                "minillm/course/solutions/ch10.py",
+            ),
+            "minillm.course.solutions.ch10.my_percentile": (
+                "benchmarks.html#my_percentile",
+                "minillm/course/solutions/ch10.py",
             ),
         },
         "minillm.course.solutions.ch11": {
@@ -1905,6 +2059,16 @@ d = {
                 "minillm/course/solutions/ch13.py",
             )
         },
+        "minillm.course.solutions.ch13b": {
+            "minillm.course.solutions.ch13b.my_panel_index": (
+                "cpu_decode.html#my_panel_index",
+                "minillm/course/solutions/ch13b.py",
+            ),
+            "minillm.course.solutions.ch13b.my_panel_linear": (
+                "cpu_decode.html#my_panel_linear",
+                "minillm/course/solutions/ch13b.py",
+            ),
+        },
         "minillm.course.solutions.ch14": {
             "minillm.course.solutions.ch14.my_land_blocks": (
                 "beyond_one_engine.html#my_land_blocks",
@@ -1916,22 +2080,74 @@ d = {
             ),
         },
         "minillm.course.solutions.ch15": {
-            "minillm.course.solutions.ch15.my_skipped_blocks": (
-                "hybrid_models.html#my_skipped_blocks",
+            "minillm.course.solutions.ch15.MyHybridManager": (
+                "hybrid_models.html#myhybridmanager",
                 "minillm/course/solutions/ch15.py",
             ),
-            "minillm.course.solutions.ch15.my_window_mask": (
-                "hybrid_models.html#my_window_mask",
+            "minillm.course.solutions.ch15.MyHybridManager.__init__": (
+                "hybrid_models.html#myhybridmanager.__init__",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager._gone": (
+                "hybrid_models.html#myhybridmanager._gone",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager._hit": (
+                "hybrid_models.html#myhybridmanager._hit",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager._let_go": (
+                "hybrid_models.html#myhybridmanager._let_go",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager._need": (
+                "hybrid_models.html#myhybridmanager._need",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager._register_blocks": (
+                "hybrid_models.html#myhybridmanager._register_blocks",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager._servable": (
+                "hybrid_models.html#myhybridmanager._servable",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager._tables": (
+                "hybrid_models.html#myhybridmanager._tables",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager.allocate": (
+                "hybrid_models.html#myhybridmanager.allocate",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager.can_allocate": (
+                "hybrid_models.html#myhybridmanager.can_allocate",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager.free": (
+                "hybrid_models.html#myhybridmanager.free",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.MyHybridManager.match_prefix": (
+                "hybrid_models.html#myhybridmanager.match_prefix",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.my_hybrid_manager": (
+                "hybrid_models.html#my_hybrid_manager",
+                "minillm/course/solutions/ch15.py",
+            ),
+            "minillm.course.solutions.ch15.my_servable_prefix": (
+                "hybrid_models.html#my_servable_prefix",
                 "minillm/course/solutions/ch15.py",
             ),
         },
         "minillm.course.solutions.ch15b": {
-            "minillm.course.solutions.ch15b.my_conv_continue": (
-                "linear_attention.html#my_conv_continue",
+            "minillm.course.solutions.ch15b.my_chunked_delta": (
+                "linear_attention.html#my_chunked_delta",
                 "minillm/course/solutions/ch15b.py",
             ),
-            "minillm.course.solutions.ch15b.my_delta_step": (
-                "linear_attention.html#my_delta_step",
+            "minillm.course.solutions.ch15b.my_conv_continue": (
+                "linear_attention.html#my_conv_continue",
                 "minillm/course/solutions/ch15b.py",
             ),
         },
@@ -1940,8 +2156,12 @@ d = {
                 "mixture_of_experts.html#my_align",
                 "minillm/course/solutions/ch16.py",
             ),
-            "minillm.course.solutions.ch16.my_route": (
-                "mixture_of_experts.html#my_route",
+            "minillm.course.solutions.ch16.my_capacity_mask": (
+                "mixture_of_experts.html#my_capacity_mask",
+                "minillm/course/solutions/ch16.py",
+            ),
+            "minillm.course.solutions.ch16.my_moe_on_device": (
+                "mixture_of_experts.html#my_moe_on_device",
                 "minillm/course/solutions/ch16.py",
             ),
         },
