@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ...models import moe
+from ...models import moe as moe_layers
 from ...moe import routing, triton_moe
 from ..chapter import check, exercise, out_of_reach
 
@@ -75,8 +75,8 @@ def moe_inputs(rng: random.Random, T: int, E: int, k: int, H=12, I=8):
 
 
 PACKAGE_ANSWERS = [
-    (triton_moe, "align_blocks"), (triton_moe, "fused_moe"), (moe, "experts_loop"),
-    (moe, "experts_grouped"), (routing, "sort_by_expert"),
+    (triton_moe, "align_blocks"), (triton_moe, "fused_moe"), (moe_layers, "experts_loop"),
+    (moe_layers, "experts_grouped"), (routing, "sort_by_expert"),
 ]  # fmt: skip
 
 
