@@ -17,6 +17,7 @@ import heapq
 import math
 import random
 import selectors
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -70,11 +71,15 @@ def open_loop_run(fn, arrivals, service, max_concurrency) -> tuple[list, list]:
         await asyncio.sleep(service[i])
         return f"response {i}"
 
-    try:
-        with out_of_reach(fn, (online, "run_load"), (online, "_load")):
-            results = loop.run_until_complete(fn(send, list(arrivals), max_concurrency))
-    finally:
-        loop.close()
+    def run():  # in a thread of its own: a notebook's kernel may run an event loop here
+        try:
+            return loop.run_until_complete(fn(send, list(arrivals), max_concurrency))
+        finally:
+            loop.close()
+
+    with out_of_reach(fn, (online, "run_load"), (online, "_load")):
+        with ThreadPoolExecutor(1) as pool:
+            results = pool.submit(run).result()
     return results, sent
 
 
