@@ -38,13 +38,14 @@ def _state(manager, active: dict, groups: int) -> tuple:
 
 
 def hybrid_trace(make, seed: int, ops: int = 80) -> list:
-    """Drive a manager made by `make(num_blocks, block_size, group_windows, max_chunk)` as a
-    scheduler would, at random; return what each call gave and the state after it."""
+    """Drive a manager made by `make(num_blocks, block_size, group_windows)` as a scheduler
+    would, at random, prefilling in chunks of at most `chunk` tokens; return what each call
+    gave and the state after it."""
     rng = random.Random(seed)
     bs, chunk = rng.choice([2, 4]), rng.choice([3, 4, 8])
     window = rng.choice([2, 3, 5, 8])
     windows = rng.choice([[None, window], [None, window, window], [None, None, window], [None]])
-    manager = make(rng.randint(10, 40), bs, windows, chunk)
+    manager = make(rng.randint(10, 40), bs, windows)
     bases = [[rng.randrange(3) for _ in range(32)] for _ in range(2)]
     active, waiting, log, next_id = {}, [], [], 0
     for _ in range(ops):
@@ -80,13 +81,13 @@ def hybrid_trace(make, seed: int, ops: int = 80) -> list:
     return log
 
 
-@exercise("15", "my_hybrid_manager(num_blocks, block_size, group_windows, max_chunk)")
+@exercise("15", "my_hybrid_manager(num_blocks, block_size, group_windows)")
 def check_hybrid_manager(fn, traces: int = 40):
     """A block manager for KV cache groups on chapter 4's BlockManager, driven through random traces
     beside the engine's: every call's result, the free blocks and the tables agree."""
     hidden = [(HybridBlockManager, m) for m in MANAGER_METHODS]
     hidden.append((hybrid_kv_cache, "servable_prefix"))
-    reference = lambda n, bs, windows, chunk: HybridBlockManager(n, bs, True, windows, chunk)  # noqa: E731
+    reference = lambda n, bs, windows: HybridBlockManager(n, bs, True, windows, 1)  # noqa: E731
     for seed in range(traces):
         want = hybrid_trace(reference, seed)
         with out_of_reach(fn, *hidden):

@@ -22,7 +22,7 @@ def my_servable_prefix(cached, windows, block_size):
 
 
 class MyHybridManager(BlockManager):
-    def __init__(self, num_blocks, block_size, group_windows, max_chunk):
+    def __init__(self, num_blocks, block_size, group_windows):
         super().__init__(num_blocks, block_size, enable_prefix_caching=True)
         self.empty.remove(NULL)
         self.blocks[NULL].ref_count = 1  # never taken, never freed
@@ -100,5 +100,5 @@ class MyHybridManager(BlockManager):
         return k * bs
 
 
-def my_hybrid_manager(num_blocks, block_size, group_windows, max_chunk):
-    return MyHybridManager(num_blocks, block_size, group_windows, max_chunk)
+def my_hybrid_manager(num_blocks, block_size, group_windows):
+    return MyHybridManager(num_blocks, block_size, group_windows)
