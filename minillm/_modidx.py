@@ -34,8 +34,24 @@ d = {
                 "paged_attention.html#build_flat_batch",
                 "minillm/attention/input_batch.py",
             ),
+            "minillm.attention.input_batch.check_allocated": (
+                "paged_attention.html#check_allocated",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.draft_ids": (
+                "paged_attention.html#draft_ids",
+                "minillm/attention/input_batch.py",
+            ),
             "minillm.attention.input_batch.host_to_device": (
                 "paged_attention.html#host_to_device",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.logits_rows": (
+                "paged_attention.html#logits_rows",
+                "minillm/attention/input_batch.py",
+            ),
+            "minillm.attention.input_batch.padded": (
+                "paged_attention.html#padded",
                 "minillm/attention/input_batch.py",
             ),
             "minillm.attention.input_batch.slots_of": (
@@ -108,6 +124,10 @@ d = {
             ),
             "minillm.bench.engine_loop.run_floor": (
                 "engine_loop.html#run_floor",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.timed_phases": (
+                "engine_loop.html#timed_phases",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.workload_floor": (
@@ -807,6 +827,10 @@ d = {
             ),
             "minillm.core.request.Request.output_ids": (
                 "scheduler.html#request.output_ids",
+                "minillm/core/request.py",
+            ),
+            "minillm.core.request.Request.processes_logits": (
+                "scheduler.html#request.processes_logits",
                 "minillm/core/request.py",
             ),
             "minillm.core.request.RequestError": (
@@ -2427,6 +2451,32 @@ d = {
             "minillm.engine.executor.worker_main": (
                 "tensor_parallel.html#worker_main",
                 "minillm/engine/executor.py",
+            ),
+        },
+        "minillm.engine.input_batch": {
+            "minillm.engine.input_batch.InputBatch": (
+                "engine_loop.html#inputbatch",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.InputBatch.__init__": (
+                "engine_loop.html#inputbatch.__init__",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.InputBatch._grow": (
+                "engine_loop.html#inputbatch._grow",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.InputBatch._rows": (
+                "engine_loop.html#inputbatch._rows",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.InputBatch._write": (
+                "engine_loop.html#inputbatch._write",
+                "minillm/engine/input_batch.py",
+            ),
+            "minillm.engine.input_batch.InputBatch.block_tables": (
+                "engine_loop.html#inputbatch.block_tables",
+                "minillm/engine/input_batch.py",
             ),
         },
         "minillm.engine.kv_transfer": {
@@ -5635,6 +5685,9 @@ d = {
                 "minillm/triton_utils.py",
             )
         },
-        "minillm.utils": {"minillm.utils.cdiv": ("block_manager.html#cdiv", "minillm/utils.py")},
+        "minillm.utils": {
+            "minillm.utils.cdiv": ("block_manager.html#cdiv", "minillm/utils.py"),
+            "minillm.utils.host_tensor": ("block_manager.html#host_tensor", "minillm/utils.py"),
+        },
     },
 }

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from .utils import host_tensor
+
 # %% ../nbs/01b_sampling.ipynb #f338e443
 GREEDY_EPS = 1e-5  # temperatures below this are greedy: logits / 1e-6 would overflow to inf
 FLOAT32_MAX = 3.4028234663852886e38  # the sampler computes in float32: larger numbers become inf
@@ -271,7 +273,7 @@ class SamplingTensors:
         top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
 
         def t(xs, dtype=torch.float32):
-            return torch.tensor(xs, dtype=dtype, device=device)
+            return host_tensor(xs, dtype).to(device)
 
         return cls(
             temperature=t([1.0 if g else p.temperature for p, g in zip(params, greedy)]),

@@ -60,3 +60,67 @@ def test_host_overhead_runs_the_engine_around_a_free_forward():
         timeout=300,
     )
     assert r.returncode == 0 and "host overhead at batch 2:" in r.stdout, r.stderr[-2000:]
+
+
+def _kept_rows_trace(windows, seed, steps=250):
+    """A scheduler over a small pool (a shared prefix, finishes, preemptions): every step, the flat
+    batch from InputBatch's rows equals the one made from the sequences' lists."""
+    import random
+
+    from minillm.attention.input_batch import build_flat_batch
+    from minillm.core.block_manager import BlockManager
+    from minillm.core.hybrid_kv_cache import HybridBlockManager
+    from minillm.core.request import Request
+    from minillm.core.scheduler import Scheduler
+    from minillm.engine.input_batch import InputBatch
+
+    rng = random.Random(seed)
+    if len(windows) > 1:
+        bm = HybridBlockManager(20, 4, True, windows, max_num_batched_tokens=16)
+    else:
+        bm = BlockManager(20, 4, enable_prefix_caching=True)
+    sched = Scheduler(bm, max_num_seqs=6, max_num_batched_tokens=16)
+    kept, prefix = InputBatch(windows, rows=1, width=1), list(range(1, 9))
+    for i in range(steps):
+        if rng.random() < 0.6:
+            tail = [rng.randrange(50) for _ in range(rng.randint(1, 10))]
+            sched.add(Request(i, prefix[: rng.randint(0, 8)] + tail, max_tokens=rng.randint(1, 16)))
+        out = sched.schedule()
+        if out.is_empty:
+            continue
+        tables = kept.block_tables(out.requests)
+        a = build_flat_batch(out.requests, out.num_tokens, 4, tables=tables)
+        b = build_flat_batch(out.requests, out.num_tokens, 4)
+        assert torch.equal(a.positions, b.positions) and torch.equal(a.input_ids, b.input_ids)
+        for x, y in zip([a.metadata, *a.group_metadata], [b.metadata, *b.group_metadata]):
+            assert torch.equal(x.block_tables, y.block_tables), f"seed {seed}, step {i}"
+            assert torch.equal(x.slot_mapping, y.slot_mapping), f"seed {seed}, step {i}"
+        assert set(kept.row_of) == set(out.requests)  # the others' rows were given back
+        sched.update(out, [[rng.randrange(50)] if s else [] for s in out.samples])
+        for r in list(sched.running):
+            if r.num_output_tokens >= r.max_tokens or rng.random() < 0.03:
+                sched.finish(r, "length")
+    return sched.num_preemptions, bm.hits
+
+
+@pytest.mark.parametrize("windows", [[None], [None, 5]], ids=["one group", "full and sliding"])
+def test_kept_rows_equal_tables_made_from_the_lists(windows):
+    preemptions = hits = 0
+    for seed in range(4):
+        p, h = _kept_rows_trace(windows, seed)
+        preemptions, hits = preemptions + p, hits + h
+    assert preemptions > 10 and hits > 10  # the traces went through both
+
+
+def test_host_tensor_is_torch_tensor_of_the_same_values():
+    from minillm.utils import host_tensor
+
+    for dtype, values in [
+        (torch.long, [0, -1, 2**40]),
+        (torch.int32, [3, -7]),
+        (torch.float32, [0.1, 1e-30, -2.5]),
+        (torch.bool, [True, False, True]),
+        (torch.long, []),
+    ]:
+        got, want = host_tensor(values, dtype), torch.tensor(values, dtype=dtype)
+        assert got.dtype == want.dtype and torch.equal(got, want)

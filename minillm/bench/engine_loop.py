@@ -4,10 +4,12 @@
 
 # %% auto #0
 __all__ = [
+    "STEP_PHASES",
     "workload_floor",
     "memory_bandwidth",
     "run_floor",
     "null_forward",
+    "timed_phases",
     "HostOverhead",
     "host_overhead",
 ]
@@ -65,27 +67,62 @@ def run_floor(llm, prompt_lens: list[int], output_lens: list[int]) -> dict:
     )
 
 
-def null_forward(runner, vocab_size: int):
-    """Make `runner`'s forward cost nothing: each row's logits pick a fixed token (a different one
-    a row), so sampling, detokenizing and the engine's bookkeeping still run as they do."""
-    rows = torch.zeros(4096, vocab_size)
-    rows[torch.arange(4096), (torch.arange(4096) * 7919 + 11) % vocab_size] = 1.0
+def null_forward(runner, width: int = 256):
+    """Make `runner`'s forward cost nothing: each row's logits, `width` wide, pick a fixed token (a
+    different one a row), so sampling, detokenizing and the engine's bookkeeping still run as they
+    do. Narrower than a vocabulary on purpose: on a GPU the argmax over the vocabulary is the
+    device's work, which a measure of the host's leaves out."""
+    rows = torch.zeros(4096, width)
+    rows[torch.arange(4096), (torch.arange(4096) * 7919 + 11) % width] = 1.0
     runner.forward = lambda batch: rows[: len(batch.logits_indices)]
+
+
+# the parts of a step, each a method of the engine's objects: (owner, method)
+STEP_PHASES = {
+    "schedule": ("scheduler", "schedule"),
+    "prepare": ("runner", "prepare"),  # the flat batch's tensors
+    "sample": ("runner", "sample"),
+    "process": (None, "process"),  # read back, detokenize, stops, update requests, outputs
+}
+
+
+def timed_phases(engine) -> dict[str, list[float]]:
+    """Time each of `engine`'s STEP_PHASES: its method on the instance wrapped so that each call
+    adds its seconds to the phase's list (cleared by the caller)."""
+    spent = {name: [] for name in STEP_PHASES}
+
+    def timed(name, method):
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name].append(time.perf_counter() - t)
+
+        return call
+
+    for name, (owner, attr) in STEP_PHASES.items():
+        obj = engine if owner is None else getattr(engine, owner)
+        setattr(obj, attr, timed(name, getattr(obj, attr)))
+    return spent
 
 
 @dataclass
 class HostOverhead:
-    "The host's time per decode step at one batch size: the median and range over repeats."
+    """The host's time per decode step at one batch size: the median and range over repeats, and
+    each phase's median ms per step."""
 
     batch: int
     ms: float
     low: float
     high: float
+    phases: dict[str, float]
 
     def __str__(self) -> str:
+        parts = ", ".join(f"{name} {ms:.2f}" for name, ms in self.phases.items())
         return (
             f"host overhead at batch {self.batch}: {self.ms:.2f} ms per step "
-            f"({self.low:.2f}-{self.high:.2f})"
+            f"({self.low:.2f}-{self.high:.2f}; {parts})"
         )
 
 
@@ -94,7 +131,8 @@ def host_overhead(
 ) -> HostOverhead:
     """The engine's own work per decode step with `batch` sequences running (scheduling, input
     tensors, block tables, sampling, reading tokens, detokenizing, updating requests), its forward
-    made free (`null_forward`): the median over `repeats` runs of the mean step of `steps`."""
+    made free (`null_forward`): the median over `repeats` runs of the mean step of `steps`, and
+    of each phase's share (the rest: what no phase holds, the step's own loop)."""
     from minillm.bench.random_models import random_model_dir
     from minillm.llm import LLM
     from minillm.sampling import SamplingParams
@@ -112,18 +150,25 @@ def host_overhead(
             max_num_batched_tokens=batch * prompt_len,
         )
     engine = llm.engine
-    null_forward(engine.runner, vocab_size)
+    null_forward(engine.runner)
+    spent = timed_phases(engine)
     params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
-    times = []
+    times, shares = [], {name: [] for name in [*spent, "the rest"]}
     for r in range(repeats):
         prompts = [[(i * 31 + j + r) % 1000 + 2 for j in range(prompt_len)] for i in range(batch)]
         for p in prompts:
             engine.add_request(p, params)
         engine.step()  # every prompt at once: the decode steps follow
+        for ts in spent.values():
+            ts.clear()
         t = time.perf_counter()
         for _ in range(steps):
             engine.step()
         times.append((time.perf_counter() - t) / steps * 1e3)
+        for name, ts in spent.items():
+            shares[name].append(sum(ts) / steps * 1e3)
+        shares["the rest"].append(times[-1] - sum(sum(ts) for ts in spent.values()) / steps * 1e3)
         while engine.has_unfinished_requests():
             engine.step()
-    return HostOverhead(batch, statistics.median(times), min(times), max(times))
+    phases = {name: statistics.median(ms) for name, ms in shares.items()}
+    return HostOverhead(batch, statistics.median(times), min(times), max(times), phases)

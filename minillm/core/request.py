@@ -98,6 +98,12 @@ class Request(Sequence):
         return self.status == RequestStatus.FINISHED
 
     @property
+    def processes_logits(self) -> bool:
+        """Does the sampler process its logits (chapter 12b: the engine made its `processing`
+        state, as its parameters ask)?"""
+        return self.processing is not None
+
+    @property
     def needs_prompt_logits(self) -> bool:
         "Are its prompt's logits still wanted (prompt_logprobs, chapter 12b)? Then no cache hits."
         return self.params.prompt_logprobs is not None and self.num_output_tokens == 0

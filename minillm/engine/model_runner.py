@@ -34,6 +34,7 @@ from ..core.scheduler import SchedulerOutput
 from ..models.decoder import CausalLM
 from ..sampling import SamplingParams, SamplingTensors, sample
 from ..utils import cdiv
+from .input_batch import InputBatch
 from .sampler import Sampler
 
 logger = logging.getLogger("minillm")
@@ -169,6 +170,8 @@ class ModelRunner:
         self.kv_config = KVCacheConfig(model.config, block_size, self.dtype, kv_cache_dtype)
         self.cache = self.kv_config.make_pool(num_blocks, self.device)
         self.states = self.kv_config.make_states(max_num_seqs, self.device)
+        windows = [g.sliding_window for g in self.kv_config.groups]
+        self.input_batch = InputBatch(windows, max_num_seqs)  # tables kept across steps (ch. 17)
         self.graphs = None
         if cuda_graph_max_batch and self.device.type == "cuda":
             self._capture_graphs(cuda_graph_max_batch, max_model_len, num_drafts)
@@ -215,10 +218,10 @@ class ModelRunner:
     def prepare(self, out: SchedulerOutput) -> FlatBatch:
         "The step's flat batch, on the device."
         with record_function("minillm::prepare_inputs"):
-            prompt_logits = [r.needs_prompt_logits for r in out.requests]
-            return build_flat_batch(
-                out.requests, out.num_tokens, self.cache.block_size, self.device, prompt_logits
-            )
+            reqs, bs = out.requests, self.cache.block_size
+            prompt_logits = [r.needs_prompt_logits for r in reqs]
+            tables = self.input_batch.block_tables(reqs)
+            return build_flat_batch(reqs, out.num_tokens, bs, self.device, prompt_logits, tables)
 
     def logits(self, batch: FlatBatch) -> torch.Tensor:
         "The step's logits: replayed from a captured graph where one serves it, else `forward`."

@@ -127,7 +127,7 @@ class OverlapLoop:
         there too unless its sampling reads what the host is about to read (then True)."""
         runner, previous = self.engine.runner, self.in_flight[-1] if self.in_flight else None
         rows = [i for i, s in enumerate(out.samples) if s]
-        here = any(r.params.processes_logits for r in out.requests)
+        here = any(r.processes_logits for r in out.requests)
         prepared = ran(runner.prepare, out)
         if prepared.exception() is not None:
             return StepInFlight(out, rows, prepared), here

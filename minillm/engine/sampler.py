@@ -31,7 +31,9 @@ class SamplerOutput:
         if self._list is None:
             if self._copied is not None:
                 self._copied.synchronize()
-            self._list = [[t for t in row if t >= 0] for row in self._host.tolist()]
+            rows = self._host.tolist()  # one token a row, or with drafts up to k + 1, then -1s
+            drafts = self._host.shape[1] > 1
+            self._list = [[t for t in row if t >= 0] for row in rows] if drafts else rows
         return self._list
 
 
@@ -49,7 +51,7 @@ class Sampler:
         """The new tokens of `requests[i]` for each i in `rows` (the requests that sample this
         step), from the step's logits, where requests[i] owns `num_logits[i]` rows."""
         sampled = SampleRows.of(requests, rows, num_logits)
-        processes = any(r.params.processes_logits for r in requests)
+        processes = any(r.processes_logits for r in requests)
         every_row = sampled.picked == list(range(len(logits)))
         # the rows as they are when every one samples and nothing rewrites them (no copy of
         # [rows, vocab]: at batch 256 and 49,152 tokens, 50 MB a step); a copy where processing
