@@ -126,6 +126,10 @@ d = {
                 "engine_loop.html#run_floor",
                 "minillm/bench/engine_loop.py",
             ),
+            "minillm.bench.engine_loop.served_against_offline": (
+                "engine_loop.html#served_against_offline",
+                "minillm/bench/engine_loop.py",
+            ),
             "minillm.bench.engine_loop.timed_phases": (
                 "engine_loop.html#timed_phases",
                 "minillm/bench/engine_loop.py",

@@ -124,3 +124,19 @@ def test_host_tensor_is_torch_tensor_of_the_same_values():
     ]:
         got, want = host_tensor(values, dtype), torch.tensor(values, dtype=dtype)
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_served_against_offline_runs_the_same_requests_both_ways(tmp_path):
+    from minillm.bench.engine_loop import served_against_offline
+    from minillm.bench.random_models import random_model_dir
+    from minillm.bench.vllm_bench import random_dataset
+    from minillm.loader import load_tokenizer
+
+    model = str(random_model_dir(tmp_path, "SmolLM2-135M", num_hidden_layers=1, vocab_size=1024))
+    requests = random_dataset(load_tokenizer(model), 6, 8, 5, range_ratio=0.5, seed=1)
+    both = served_against_offline(
+        model, requests, repeats=1, log=str(tmp_path / "serve.log"), dtype="float32"
+    )
+    made = sum(n for _, n in requests)  # ignore_eos: every request makes its output length
+    assert both["output_tokens"] == [made]
+    assert all(x > 0 for k in ("offline_tok_s", "served_tok_s", "served_tpot_ms") for x in both[k])

@@ -12,6 +12,7 @@ __all__ = [
     "timed_phases",
     "HostOverhead",
     "host_overhead",
+    "served_against_offline",
 ]
 
 # %% ../../nbs/17_engine_loop.ipynb #c17005
@@ -172,3 +173,40 @@ def host_overhead(
             engine.step()
     phases = {name: statistics.median(ms) for name, ms in shares.items()}
     return HostOverhead(batch, statistics.median(times), min(times), max(times), phases)
+
+
+# %% ../../nbs/17_engine_loop.ipynb #c17051
+def served_against_offline(model: str, requests, repeats: int = 3, log=None, **engine) -> dict:
+    """The same requests offline (`LLM.generate`, all at once) and served (`minillm serve`, all
+    streaming at once through vLLM's `bench serve` client, /v1/completions), greedy, each making
+    its output length (ignore_eos), on one engine's settings `engine` (LLM's keywords, which are
+    `minillm serve`'s flags): output tok/s both ways over `repeats` runs, and the served runs'
+    median TPOT (ms, one stream's time per token after its first)."""
+    import sys
+    from pathlib import Path
+
+    from minillm.bench.online import ServerProcess, free_port
+    from minillm.bench.vllm_bench import serve_benchmark, throughput_benchmark
+    from minillm.llm import LLM
+
+    llm = LLM(model, **engine)
+    offline = [throughput_benchmark(llm, requests, 0.0) for _ in range(repeats)]
+    tokenizer = llm.engine.tokenizer
+    llm.shutdown()
+    port, flags = free_port(), [f"--{k.replace('_', '-')}={v}" for k, v in engine.items()]
+    cmd = [str(Path(sys.executable).parent / "minillm"), "serve", "--model", model]
+    cmd += ["--port", str(port), "--log-level", "warning", *flags]
+    url = f"http://127.0.0.1:{port}/v1"
+    with ServerProcess(cmd, url, log=log):
+        served = [
+            serve_benchmark(url, tokenizer, requests, ignore_eos=True) for _ in range(repeats)
+        ]
+    failed = sum(r["failed"] for r in served)
+    if failed:
+        raise RuntimeError(f"{failed} served requests failed: {served[0]['errors'][:3]}")
+    return dict(
+        offline_tok_s=[r["output_tokens_per_second"] for r in offline],
+        served_tok_s=[r["output_throughput"] for r in served],
+        served_tpot_ms=[r["median_tpot_ms"] for r in served],
+        output_tokens=[r["total_output_tokens"] for r in served],
+    )
