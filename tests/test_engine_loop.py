@@ -140,3 +140,10 @@ def test_served_against_offline_runs_the_same_requests_both_ways(tmp_path):
     made = sum(n for _, n in requests)  # ignore_eos: every request makes its output length
     assert both["output_tokens"] == [made]
     assert all(x > 0 for k in ("offline_tok_s", "served_tok_s", "served_tpot_ms") for x in both[k])
+
+
+def test_served_against_offline_refuses_switches_by_name():
+    from minillm.bench.engine_loop import served_against_offline
+
+    with pytest.raises(ValueError, match="enforce_eager"):
+        served_against_offline("unused", [], enforce_eager=True)

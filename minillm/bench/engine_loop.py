@@ -73,7 +73,7 @@ def null_forward(runner, width: int = 256):
     different one a row), so sampling, detokenizing and the engine's bookkeeping still run as they
     do. Narrower than a vocabulary on purpose: on a GPU the argmax over the vocabulary is the
     device's work, which a measure of the host's leaves out."""
-    rows = torch.zeros(4096, width)
+    rows = torch.zeros(4096, width, device=runner.device)
     rows[torch.arange(4096), (torch.arange(4096) * 7919 + 11) % width] = 1.0
     runner.forward = lambda batch: rows[: len(batch.logits_indices)]
 
@@ -83,8 +83,8 @@ STEP_PHASES = {
     "schedule": ("scheduler", "schedule"),
     "prepare": ("runner", "prepare"),  # the flat batch's tensors
     "sample": ("runner", "sample"),
-    "process": (None, "process"),  # read back, detokenize, stops, update requests, outputs
-}
+    "process": (None, "process"),  # detokenize, stops, update the requests, their outputs
+}  # the rest: the tokens' read back (in the runner's execute) and the step's own loop
 
 
 def timed_phases(engine) -> dict[str, list[float]]:
@@ -149,6 +149,7 @@ def host_overhead(
             max_num_seqs=batch,
             num_kv_blocks=blocks,
             max_num_batched_tokens=batch * prompt_len,
+            enforce_eager=torch.cuda.is_available(),  # no captured step replaces the free one
         )
     engine = llm.engine
     null_forward(engine.runner)
@@ -179,9 +180,15 @@ def host_overhead(
 def served_against_offline(model: str, requests, repeats: int = 3, log=None, **engine) -> dict:
     """The same requests offline (`LLM.generate`, all at once) and served (`minillm serve`, all
     streaming at once through vLLM's `bench serve` client, /v1/completions), greedy, each making
-    its output length (ignore_eos), on one engine's settings `engine` (LLM's keywords, which are
-    `minillm serve`'s flags): output tok/s both ways over `repeats` runs, and the served runs'
-    median TPOT (ms, one stream's time per token after its first)."""
+    its output length (ignore_eos), on one engine's settings `engine`: LLM's keywords that take a
+    value, each passed to the server as `--name=value`. Output tok/s both ways over `repeats`
+    runs, and the served runs' median TPOT (ms, one stream's time per token after its first)."""
+    switches = [k for k, v in engine.items() if isinstance(v, bool)]
+    if switches:
+        raise ValueError(
+            f"served_against_offline passes settings that take a value; {switches} are switches "
+            "of minillm serve (--enforce-eager, --no-prefix-caching...): run the two by hand"
+        )
     import sys
     from pathlib import Path
 

@@ -20,7 +20,9 @@ class InputBatch:
     were freed and taken again (a preemption). The step's tables are then one index into those
     tensors, not a tensor made from every sequence's list. A sequence absent from a step gives its
     row back. A group whose window gives blocks back in place (chapter 15's sliding windows) is
-    not kept: its tables are made from the lists every step."""
+    not kept: its tables are made from the lists every step. The rule a kept group's lists must
+    follow, as every block manager's do: a list only grows at its end, or is replaced by another
+    list; an entry changed in place would go unseen."""
 
     def __init__(self, windows: list[int | None], rows: int = 64, width: int = 16):
         "`windows`: each KV cache group's sliding window (None: the group keeps every token)."
