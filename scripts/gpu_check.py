@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU path, proven: every GPU check in one command, for a bare CUDA machine.
 
-    PYTHONPATH=. python3 scripts/gpu_check.py OUT_DIR         # CUDA: at most 6 minutes on an H200
+    PYTHONPATH=. python3 scripts/gpu_check.py OUT_DIR         # CUDA: at most 8 minutes on an H200
     PYTHONPATH=. python3 scripts/gpu_check.py OUT_DIR --long  # the long form: full workloads
     PYTHONPATH=. python3 scripts/gpu_check.py OUT_DIR --dry   # anywhere: tiny shapes, interpreter
 
@@ -29,7 +29,10 @@ keeps what it measured, and OUT_DIR/gpu_check.log as it goes:
    shape, bfloat16, dummy weights, ignore_eos) through minillm with CUDA graphs, with and without
    chapter 17's async scheduling (the long form: eager and the torch backend too), its floor at
    the measured bandwidth, and transformers' continuous batching on a subset it finishes, with
-   output tokens/s and TTFT/TPOT.
+   output tokens/s and TTFT/TPOT;
+7. loop: chapter 17 on this machine: the host's work per decode step with the forward free (this
+   host's CPU, phase by phase), and the same requests offline and through `minillm serve` with
+   every request streaming at once (Qwen3-0.6B's shape, bfloat16, dummy weights).
 
 Each section has its own time budget (BUDGETS; --long multiplies them): one that fails or runs out
 is recorded with its error and what it measured so far, and the others still run. The dry mode
@@ -66,8 +69,10 @@ if "--dry" in sys.argv or not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("gpu_check")
 
-# each section's time budget in seconds on a GPU: 360 in all, the 6 minutes of an H200's check
-BUDGETS = dict(aot=15, pytest=80, exactness=40, features=60, kernels=40, tiles=40, engine=85)
+# each section's time budget in seconds on a GPU: 450 in all, the 8 minutes of an H200's check
+BUDGETS = dict(
+    aot=15, pytest=80, exactness=40, features=60, kernels=40, tiles=40, engine=85, loop=90
+)
 LONG, DRY = 4, 600  # --long multiplies the budgets; the dry mode's are wide (an interpreter, CI)
 
 
@@ -809,6 +814,46 @@ def run_engine(run: Run, record: dict):
     record["ok"] = all(r["output_tokens"] == w.output_tokens for r in record["runs"][:-1])
 
 
+def run_loop(run: Run, record: dict):
+    """Chapter 17 on this machine: `host_overhead` at batches 64 and 256 (the engine's own work per
+    decode step, the forward free, graphs off so that the free forward runs), and
+    `served_against_offline`: the same requests through `LLM.generate` and through `minillm serve`
+    with every one streaming at once (Qwen3-0.6B's shape on dummy weights)."""
+    from minillm.bench.engine_loop import host_overhead, served_against_offline
+    from minillm.bench.random_models import random_model_dir
+    from minillm.bench.vllm_bench import random_dataset
+    from minillm.loader import load_tokenizer
+
+    dry = run.dry
+    for batch in (4,) if dry else (64, 256):
+        steps, repeats, vocab = (4, 2, 1024) if dry else (32, 5, 49152)
+        o = host_overhead(batch, steps, repeats, vocab_size=vocab)
+        row = dict(batch=batch, ms=o.ms, low=o.low, high=o.high, phases=o.phases)
+        run.row(record, "host_overhead", row)
+    path = random_model_dir(
+        run.workdir / "loop-qwen3", "Qwen3-0.6B", weights=False, **(TINY if dry else {})
+    )
+    n, length = (4, 8) if dry else (256, 128)
+    requests = random_dataset(load_tokenizer(path), n, length, length, seed=0)
+    both = served_against_offline(
+        str(path),
+        requests,
+        repeats=1 if dry else 2,
+        log=str(run.out / "served.log"),
+        load_format="dummy",
+        dtype="float32" if dry else "bfloat16",
+        device=run.device,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        gpu_memory_utilization=0.5,
+    )
+    served, offline = max(both["served_tok_s"]), max(both["offline_tok_s"])
+    record["served"] = dict(requests=n, prompt=length, output=length, **both)
+    record["served"]["best_served_over_best_offline"] = served / offline
+    log.info("served %.0f tok/s against %.0f offline (%.2f)", served, offline, served / offline)
+    record["ok"] = all(t == sum(m for _, m in requests) for t in both["output_tokens"])
+
+
 SECTIONS = {
     "aot": run_aot,
     "pytest": run_pytest,
@@ -817,6 +862,7 @@ SECTIONS = {
     "kernels": run_kernels,
     "tiles": run_tiles,
     "engine": run_engine,
+    "loop": run_loop,
 }
 
 
@@ -838,6 +884,7 @@ def main():
         format="%(asctime)s %(message)s",
         handlers=[logging.FileHandler(out / "gpu_check.log", mode="w"), logging.StreamHandler()],
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request of a load
     device = "cuda" if torch.cuda.is_available() and not args.dry else "cpu"
     if not args.dry and device != "cuda":
         sys.exit("gpu_check: no CUDA device; run with --dry for the CPU dry mode")

@@ -44,7 +44,7 @@ def test_gpu_check_dry_mode(tmp_path):
     res = json.loads((tmp_path / "gpu_check.json").read_text())
     assert res["meta"]["dry"] and (tmp_path / "gpu_check.log").stat().st_size > 0
     assert "pytest| " in (tmp_path / "gpu_check.log").read_text()  # line by line, as it ran
-    for name in ("aot", "pytest", "exactness", "features", "kernels", "tiles", "engine"):
+    for name in ("aot", "pytest", "exactness", "features", "kernels", "tiles", "engine", "loop"):
         assert res[name]["ok"] and res[name]["budget_s"] > 0, (name, res[name])
     assert set(res["aot"]["beyond_the_report"]) >= {"launch", "timing"}
     assert [m["shape"] for m in res["exactness"]["models"]] == [
@@ -66,6 +66,11 @@ def test_gpu_check_dry_mode(tmp_path):
     assert all(
         run["output_tokens"] == res["engine"]["workload"]["output_tokens"] for run in runs.values()
     )
+    assert [r["batch"] for r in res["loop"]["host_overhead"]] == [4]
+    assert {"schedule", "prepare", "sample", "process"} <= set(
+        res["loop"]["host_overhead"][0]["phases"]
+    )
+    assert res["loop"]["served"]["best_served_over_best_offline"] > 0
 
 
 def load_script():

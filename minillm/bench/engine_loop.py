@@ -189,8 +189,8 @@ def served_against_offline(model: str, requests, repeats: int = 3, log=None, **e
             f"served_against_offline passes settings that take a value; {switches} are switches "
             "of minillm serve (--enforce-eager, --no-prefix-caching...): run the two by hand"
         )
+    import gc
     import sys
-    from pathlib import Path
 
     from minillm.bench.online import ServerProcess, free_port
     from minillm.bench.vllm_bench import serve_benchmark, throughput_benchmark
@@ -200,8 +200,14 @@ def served_against_offline(model: str, requests, repeats: int = 3, log=None, **e
     offline = [throughput_benchmark(llm, requests, 0.0) for _ in range(repeats)]
     tokenizer = llm.engine.tokenizer
     llm.shutdown()
+    del llm  # its memory (a GPU's KV pool, its graphs) back before the server takes its own
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     port, flags = free_port(), [f"--{k.replace('_', '-')}={v}" for k, v in engine.items()]
-    cmd = [str(Path(sys.executable).parent / "minillm"), "serve", "--model", model]
+    # this interpreter runs the command line: no installed `minillm` script needed (a GPU host's
+    # checkout on PYTHONPATH has none)
+    cmd = [sys.executable, "-c", "from minillm.cli import main; main()", "serve", "--model", model]
     cmd += ["--port", str(port), "--log-level", "warning", *flags]
     url = f"http://127.0.0.1:{port}/v1"
     with ServerProcess(cmd, url, log=log):
