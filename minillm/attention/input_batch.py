@@ -62,9 +62,10 @@ def build_flat_batch(
     ends = [a + n for a, n in zip(starts, num_new_tokens)]
     drafts = [max(0, e - len(s.token_ids)) for s, e in zip(seqs, ends)]
     check_allocated(seqs, num_new_tokens, ends, drafts, block_size)
-    ids = [t for s, a, e in zip(seqs, starts, ends) for t in s.token_ids[a:e]]
     if any(drafts):
         ids = [t for s, a, e, d in zip(seqs, starts, ends, drafts) for t in draft_ids(s, a, e, d)]
+    else:  # the common step: no slices joined
+        ids = [t for s, a, e in zip(seqs, starts, ends) for t in s.token_ids[a:e]]
     cu = [0, *itertools.accumulate(num_new_tokens)]
     logits_at, num_logits = logits_rows(cu, drafts, all_logits)
     # each token's sequence and position, and its slot in each group: tensor operations
@@ -130,7 +131,8 @@ def logits_rows(cu: list[int], drafts: list[int], all_logits: list[bool] | None)
 def padded(tables: list[list[int]]) -> torch.Tensor:
     "Block tables as one int32 tensor, a row each, zeros after a table's end."
     width = max(map(len, tables))
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    flat = [b for t in tables for b in (*t, *[0] * (width - len(t)))]
+    return host_tensor(flat, torch.int32).view(len(tables), width)
 
 
 def host_to_device(t: torch.Tensor, device) -> torch.Tensor:
