@@ -101,6 +101,24 @@ d = {
                 "minillm/attention/paged.py",
             ),
         },
+        "minillm.attention.triton_sdpa": {
+            "minillm.attention.triton_sdpa.TritonSdpaPlan": (
+                "triton_kernel.html#tritonsdpaplan",
+                "minillm/attention/triton_sdpa.py",
+            ),
+            "minillm.attention.triton_sdpa.attention_triton_sdpa": (
+                "triton_kernel.html#attention_triton_sdpa",
+                "minillm/attention/triton_sdpa.py",
+            ),
+            "minillm.attention.triton_sdpa.fresh_prompts": (
+                "triton_kernel.html#fresh_prompts",
+                "minillm/attention/triton_sdpa.py",
+            ),
+            "minillm.attention.triton_sdpa.plan_triton_sdpa": (
+                "triton_kernel.html#plan_triton_sdpa",
+                "minillm/attention/triton_sdpa.py",
+            ),
+        },
         "minillm.bench.engine_loop": {
             "minillm.bench.engine_loop.HostOverhead": (
                 "engine_loop.html#hostoverhead",

@@ -100,7 +100,7 @@ ENGINE_FLAGS = {  # flag -> (EngineConfig field, type, help)
         "CUDA: share of device memory to use",
     ),
     "--max-model-len": ("max_model_len", int, "context length (default: the model's)"),
-    "--attention-backend": ("attention_backend", str, "auto, torch, cpu or triton"),
+    "--attention-backend": ("attention_backend", str, "auto, torch, cpu, triton or triton_sdpa"),
     "--tensor-parallel-size": (
         "tensor_parallel_size",
         int,

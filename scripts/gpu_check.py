@@ -22,14 +22,14 @@ keeps what it measured, and OUT_DIR/gpu_check.log as it goes:
    attention backend that ran;
 4. kernels: paged decode (GB/s against the measured copy bandwidth, over batch and context; per
    call from Python and replayed from a CUDA graph) and varlen prefill (TFLOP/s), against the torch
-   reference;
+   reference, and the triton_sdpa backend's library path (torch's SDPA) on fresh prompts;
 5. tiles: a sweep of the kernels' tiles on this device (decode and prefill), so that one run
    yields the data to choose them;
 6. engine: nano-vllm's workload (256 requests, prompts and outputs uniform in 100-1024, Qwen3-0.6B's
    shape, bfloat16, dummy weights, ignore_eos) through minillm with CUDA graphs, with and without
-   chapter 17's async scheduling (the long form: eager and the torch backend too), its floor at
-   the measured bandwidth, and transformers' continuous batching on a subset it finishes, with
-   output tokens/s and TTFT/TPOT;
+   chapter 17's async scheduling, and with the triton_sdpa backend (the long form: eager and the
+   torch backend too), its floor at the measured bandwidth, and transformers' continuous batching
+   on a subset it finishes, with output tokens/s and TTFT/TPOT;
 7. loop: chapter 17 on this machine: the host's work per decode step with the forward free (this
    host's CPU, phase by phase), and the same requests offline and through `minillm serve` with
    every request streaming at once (Qwen3-0.6B's shape, bfloat16, dummy weights).
@@ -69,9 +69,9 @@ if "--dry" in sys.argv or not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("gpu_check")
 
-# each section's time budget in seconds on a GPU: 450 in all, the 8 minutes of an H200's check
+# each section's time budget in seconds on a GPU: 470 in all, the 8 minutes of an H200's check
 BUDGETS = dict(
-    aot=15, pytest=80, exactness=40, features=60, kernels=40, tiles=40, engine=85, loop=90
+    aot=15, pytest=80, exactness=40, features=60, kernels=40, tiles=40, engine=105, loop=90
 )
 LONG, DRY = 4, 600  # --long multiplies the budgets; the dry mode's are wide (an interpreter, CI)
 
@@ -590,7 +590,7 @@ def run_kernels(run: Run, record: dict):
         )
         pool = None  # freed before the next case allocates its own
     for seqs, chunk, prefix in (
-        [(2, 17, 5)] if dry else [(8, 1024, 0), (4, 2048, 2048), (32, 256, 1024)]
+        [(2, 17, 5), (2, 64, 0)] if dry else [(8, 1024, 0), (4, 2048, 2048), (32, 256, 1024)]
     ):
         pool, md, q = paged_case(seqs, chunk, prefix, heads, bs, dtype, device)
         plan = plan_triton_attention(pool, md)
@@ -605,23 +605,41 @@ def run_kernels(run: Run, record: dict):
         flops = 4 * heads[0] * heads[2] * seqs * sum(prefix + i + 1 for i in range(chunk))
         t_tri = bench(lambda: paged_attention_triton(pool, 0, q, plan))
         t_ref = bench(lambda: paged_attention_torch(pool, 0, q, md))
-        run.row(
-            record,
-            "prefill",
-            dict(
-                seqs=seqs,
-                chunk=chunk,
-                prefix=prefix,
-                max_error=err,
-                triton_us=t_tri * 1e6,
-                torch_us=t_ref * 1e6,
-                triton_TFLOPs=flops / t_tri / 1e12,
-                torch_TFLOPs=flops / t_ref / 1e12,
-            ),
+        row = dict(
+            seqs=seqs,
+            chunk=chunk,
+            prefix=prefix,
+            max_error=err,
+            triton_us=t_tri * 1e6,
+            torch_us=t_ref * 1e6,
+            triton_TFLOPs=flops / t_tri / 1e12,
+            torch_TFLOPs=flops / t_ref / 1e12,
         )
+        if prefix == 0:  # the triton_sdpa backend's library path reads the batch's own K/V
+            row |= sdpa_prefill(pool, md, q, seqs, chunk, dry, flops)
+        run.row(record, "prefill", row)
         pool = None  # freed before the next case allocates its own
     tol = 1e-4 if dtype == torch.float32 else 3e-2
-    record["ok"] = all(not (r["max_error"] > tol) for r in record["decode"] + record["prefill"])
+    errors = [r["max_error"] for r in record["decode"] + record["prefill"]]
+    errors += [r["sdpa_error"] for r in record["prefill"] if "sdpa_error" in r]
+    record["ok"] = all(not (e > tol) for e in errors)
+
+
+def sdpa_prefill(pool, md, q, seqs: int, chunk: int, dry: bool, flops: int) -> dict:
+    """The triton_sdpa backend on fresh prompts (SDPA on the batch's K/V, chapter 8b): its time,
+    TFLOP/s and error against the torch reference, K/V read back from the pool the case filled."""
+    from minillm.attention.paged import gather_kv, paged_attention_torch
+    from minillm.attention.triton_sdpa import attention_triton_sdpa, plan_triton_sdpa
+
+    pairs = [gather_kv(pool, 0, md.block_tables[s], chunk) for s in range(seqs)]
+    k, v = (torch.cat([pair[i] for pair in pairs]) for i in (0, 1))
+    plan = plan_triton_sdpa(pool, md)
+    out = attention_triton_sdpa(pool, 0, q, plan, k, v)
+    err = float((out.float() - paged_attention_torch(pool, 0, q, md).float()).abs().max())
+    t = timed(dry, lambda: attention_triton_sdpa(pool, 0, q, plan, k, v))
+    return dict(
+        sdpa_prompts=len(plan.fresh), sdpa_error=err, sdpa_us=t * 1e6, sdpa_TFLOPs=flops / t / 1e12
+    )
 
 
 # the tiles tried per kernel: decode (keys a tile, warps), prefill (queries and keys a tile, warps)
@@ -703,10 +721,11 @@ def hf_with_dummy_weights(path: Path, dtype, device):
 
 def run_engine(run: Run, record: dict):
     """nano-vllm's workload through minillm (triton with CUDA graphs, with and without async
-    scheduling; the long form adds triton eager and the torch backend) on dummy weights, against
-    its floor (chapter 17: every step reads the weights and the running sequences' K/V, at the
-    copy bandwidth the kernels section measured), and transformers' continuous batching on as
-    many of the same requests as it finishes in time (all of them in the long form)."""
+    scheduling, and triton_sdpa; the long form adds triton eager and the torch backend) on dummy
+    weights, against its floor (chapter 17: every step reads the weights and the running
+    sequences' K/V, at the copy bandwidth the kernels section measured), and transformers'
+    continuous batching on as many of the same requests as it finishes in time (all of them in the
+    long form)."""
     from minillm.bench.engine_loop import workload_floor
     from minillm.bench.offline import random_workload, run_hf_continuous
     from minillm.bench.random_models import random_model_dir
@@ -732,6 +751,8 @@ def run_engine(run: Run, record: dict):
     setups = {  # chapter 17's overlap (on by default on CUDA), and without it
         "triton + CUDA graphs": graphs,
         "triton + CUDA graphs, no async scheduling": dict(graphs, async_scheduling=False),
+        # chapter 8b's library path for prompts with nothing cached
+        "triton_sdpa + CUDA graphs": dict(graphs, attention_backend="triton_sdpa"),
     }
     if run.long:  # (eager ran at half the graphs' speed on the H200, 2026-12-04)
         setups["triton eager"] = dict(attention_backend="triton", enforce_eager=True)

@@ -59,8 +59,11 @@ def test_gpu_check_dry_mode(tmp_path):
     assert set(runs) == {
         "triton + CUDA graphs",
         "triton + CUDA graphs, no async scheduling",
+        "triton_sdpa + CUDA graphs",
         "transformers continuous batching",
     }
+    fresh = [r for r in res["kernels"]["prefill"] if r["prefix"] == 0]
+    assert fresh and all(r["sdpa_prompts"] == r["seqs"] for r in fresh)
     assert {"kernel", "dtype", "head_dim", "us", "chosen"} <= set(res["tiles"]["tiles"][0])
     assert {"bytes", "seconds", "graphs_fraction"} <= set(res["engine"]["floor"])
     assert all(

@@ -91,6 +91,75 @@ def test_half_precision(dtype):
     compare([(0, 40), (33, 1), (20, 9)], 4, 2, 256, 16, dtype=dtype)
 
 
+@pytest.mark.parametrize("D,group", [(64, 1), (64, 3), (128, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_sdpa_takes_every_route(D, group, dtype):
+    """The triton_sdpa backend against the reference on a batch with fresh prompts long enough
+    for SDPA, a short one, chunks after a cached prefix (one as long as a prompt) and decodes; and
+    on a sliding-window layer, where every prompt stays with Triton."""
+    from minillm.attention.triton_sdpa import (
+        SDPA_MIN_TOKENS,
+        TRITON_SDPA_ATTENTION,
+        plan_triton_sdpa,
+    )
+
+    n = SDPA_MIN_TOKENS
+    cases = [(0, n), (0, n + 37), (0, n - 1), (20, n + 5), (45, 3), (64, 1), (300, 1)]
+    H, Hkv, bs = 2 * group, 2, 16
+    pool, batch, q, k, v, _ = random_paged_batch(cases, H, Hkv, D, bs, dtype=dtype)
+    for window in (None, 40):
+        md = replace(batch.metadata, sliding_window=window)
+        ref = PagedKVCache(1, pool.k.shape[1], bs, Hkv, D)
+        ref.k.copy_(pool.k)
+        ref.v.copy_(pool.v)
+        expected = PagedAttention(ref, md)(0, q.float(), k.float(), v.float())
+        tri = PagedKVCache(1, pool.k.shape[1], bs, Hkv, D, dtype, DEVICE)
+        tri.k.copy_(pool.k)
+        tri.v.copy_(pool.v)
+        mdd = type(md)(
+            **{f: (x.to(DEVICE) if torch.is_tensor(x) else x) for f, x in vars(md).items()}
+        )
+        plan = plan_triton_sdpa(tri, mdd)
+        assert plan.fresh == ([] if window else [(0, n), (n, n + 37)])
+        got = PagedAttention(tri, mdd, TRITON_SDPA_ATTENTION)(
+            0, q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+        )
+        assert got.dtype == dtype
+        tol = TOLERANCE[dtype]
+        torch.testing.assert_close(got.float().cpu(), expected, atol=tol, rtol=tol)
+
+
+def test_engine_with_triton_sdpa_backend_equals_transformers(random_llama, monkeypatch):
+    """Prompts through SDPA whole, chunked (a first chunk fresh, the next over the pool), after a
+    prefix-cache hit (Triton's), then decodes: transformers' tokens, and no block kept."""
+    from minillm.attention import triton_sdpa
+
+    routed = []
+    fresh_prompts = triton_sdpa.fresh_prompts
+    monkeypatch.setattr(
+        triton_sdpa, "fresh_prompts", lambda *a: routed.append(fresh_prompts(*a)) or routed[-1]
+    )
+    path, hf = random_llama
+    llm = LLM(
+        str(path),
+        attention_backend="triton_sdpa",
+        max_num_batched_tokens=96,
+        num_kv_blocks=64,
+        device=DEVICE,
+        dtype="float32",
+    )
+    assert llm.engine.config.attention_backend == "triton_sdpa"
+    g = torch.Generator().manual_seed(2)
+    shared = torch.randint(100, 5000, (48,), generator=g).tolist()
+    prompts = [shared + torch.randint(100, 5000, (n,), generator=g).tolist() for n in (30, 100)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for _ in range(2):  # the second round hits the prefix cache
+        for p in prompts:  # one at a time: the first of them runs whole through SDPA
+            assert llm.generate([p], params, use_tqdm=False)[0].token_ids == hf_greedy(hf, p, 8)
+        assert llm.engine.block_manager.num_free_blocks == 64
+    assert any(routed), "no prompt went through SDPA"
+
+
 def test_store_kv_skips_negative_slots_and_accepts_qkv_slices():
     "On the device the kernels run on (compiled Triton refuses CPU pointers)."
     ref, pool = (
@@ -159,9 +228,10 @@ def test_backend_choice(monkeypatch):
     with pytest.raises(ValueError, match="from 16 to 256"):  # past the compile report's tiles
         resolve_attention_backend("triton", cpu, 512)
     monkeypatch.delenv("TRITON_INTERPRET")
-    with pytest.raises(ValueError, match="needs the triton package, a CUDA device"):
-        resolve_attention_backend("triton", cpu, 64)
-    with pytest.raises(ValueError, match="choose one of auto, torch, cpu, triton"):
+    for name in ("triton", "triton_sdpa"):
+        with pytest.raises(ValueError, match=f"'{name}' needs the triton package, a CUDA device"):
+            resolve_attention_backend(name, cpu, 64)
+    with pytest.raises(ValueError, match="choose one of auto, torch, cpu, triton, triton_sdpa"):
         resolve_attention_backend("flash", cpu, 64)
     if torch.cuda.is_available():
         cuda = torch.device("cuda")

@@ -121,11 +121,14 @@ class AttentionBackend:
     """One way to store new K/V in the pool and attend over it; `prepare` does per-batch work once,
     not per layer."""
 
-    attend: Callable  # (cache, layer, q, prepared) -> out [T, H, D]
+    attend: Callable  # (cache, layer, q, prepared[, k, v]) -> out [T, H, D]
     write: Callable = (  # (cache, layer, k, v, slot_mapping) -> None; default: the pool's own
         lambda cache, layer, k, v, slot_mapping: cache.write(layer, k, v, slot_mapping)
     )
     prepare: Callable = lambda cache, metadata: metadata  # -> what `attend` receives
+    # attend also receives the batch's new k, v [T, Hkv, D] (chapter 8b's triton_sdpa reads fresh
+    # prompts from them, not from the pool)
+    new_kv: bool = False
 
 
 TORCH_ATTENTION = AttentionBackend(attend=paged_attention_torch)
@@ -157,4 +160,5 @@ class PagedAttention:
         group, slot = self.cache.layer_groups[layer], self.cache.layer_slots[layer]
         self.backend.write(self.cache, slot, k, v, self.groups[group].slot_mapping)
         prepared = self.prepared[group, self.cache.sliding_windows[layer]]
-        return self.backend.attend(self.cache, slot, q, prepared)
+        new = (k, v) if self.backend.new_kv else ()
+        return self.backend.attend(self.cache, slot, q, prepared, *new)

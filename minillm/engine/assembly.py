@@ -7,6 +7,7 @@ quantization) only through here, each imported when it is asked for."""
 # %% auto #0
 __all__ = [
     "ATTENTION_BACKENDS",
+    "TRITON_DECODE_BACKENDS",
     "resolve_object",
     "triton_usable",
     "cpu_usable",
@@ -39,12 +40,15 @@ def resolve_object(path: str):
 
 
 # each backend by name, and where its object lives: chapter 4b's reference, chapter 8a's C++
-# kernel, chapter 8b's Triton kernels
+# kernel, chapter 8b's Triton kernels, and those with torch's SDPA for prompts with nothing cached
 ATTENTION_BACKENDS = {
     "torch": "minillm.attention.paged:TORCH_ATTENTION",
     "cpu": "minillm.kernels.cpu_attention:CPU_ATTENTION",
     "triton": "minillm.kernels.triton_attention:TRITON_ATTENTION",
+    "triton_sdpa": "minillm.attention.triton_sdpa:TRITON_SDPA_ATTENTION",
 }
+# the backends whose decodes run chapter 8b's Triton kernel, which CUDA graphs capture (chapter 8c)
+TRITON_DECODE_BACKENDS = ("triton", "triton_sdpa")
 
 
 def triton_usable(device: torch.device, head_dim: int) -> bool:
@@ -86,9 +90,9 @@ def resolve_attention_backend(
         if device.type == "cuda":
             return "triton" if triton_usable(device, head_dim) else "torch"
         return "cpu" if cpu_usable(device) else "torch"
-    if name == "triton" and not triton_usable(device, head_dim):
+    if name in TRITON_DECODE_BACKENDS and not triton_usable(device, head_dim):
         raise ValueError(
-            f"attention_backend 'triton' needs the triton package, a CUDA device (the model is on "
+            f"attention_backend {name!r} needs the triton package, a CUDA device (the model is on "
             f"{device.type}; TRITON_INTERPRET=1 runs the kernels slowly on CPU, for tests) and a "
             f"power-of-two head_dim from 16 to 256 (this model's is {head_dim}); use 'torch'"
         )

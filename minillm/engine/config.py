@@ -38,7 +38,7 @@ class EngineConfig:
     # CUDA: the share of device memory for weights, activations and KV
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
-    attention_backend: str = "auto"  # "auto", "torch" or "triton"
+    attention_backend: str = "auto"  # a name of ATTENTION_BACKENDS (chapter 7a), or "auto"
     # never replay decode steps from CUDA graphs nor, on a CPU, run them as one C++
     # call: every step op by op
     enforce_eager: bool = False

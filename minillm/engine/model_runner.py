@@ -18,6 +18,7 @@ import torch
 from torch.profiler import record_function
 
 from minillm.engine.assembly import (
+    TRITON_DECODE_BACKENDS,
     check_gpu_launches,
     cpu_decoder,
     load_attention_backend,
@@ -165,7 +166,7 @@ class ModelRunner:
             self.decoder, self.governor = cpu_decoder(model, fused)
         elif self.device.type == "cpu":
             pack_cpu_weights(model)
-        if self.attention_backend == "triton" and self.device.type == "cuda":
+        if self.attention_backend in TRITON_DECODE_BACKENDS and self.device.type == "cuda":
             check_gpu_launches(model, self.dtype, block_size, self.device)
         self.kv_config = KVCacheConfig(model.config, block_size, self.dtype, kv_cache_dtype)
         self.cache = self.kv_config.make_pool(num_blocks, self.device)
@@ -194,7 +195,7 @@ class ModelRunner:
     def graphs_refused(self) -> str | None:
         """Why captured graphs cannot serve this model's decode steps (None: they can). Every KV
         cache layout can be captured (chapter 8c); a model's own step may not."""
-        if self.attention_backend != "triton":
+        if self.attention_backend not in TRITON_DECODE_BACKENDS:
             return f"the {self.attention_backend} attention backend runs (graphs capture triton's)"
         if not self.model.cuda_graphs:
             return "it says so (`cuda_graphs = False`: its step sizes work on the host)"

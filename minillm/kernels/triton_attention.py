@@ -613,13 +613,18 @@ def _num_sms(device: torch.device) -> int:
 
 
 def plan_triton_attention(
-    cache: PagedKVCache, md: AttentionMetadata, num_splits: int | None = None
+    cache: PagedKVCache,
+    md: AttentionMetadata,
+    num_splits: int | None = None,
+    prefills: list[int] | None = None,
 ) -> TritonPlan:
     """Sort the batch's sequences into decodes and prefill tiles; pick split-K from the SM count (or
-    take `num_splits`)."""
+    take `num_splits`). `prefills`: the sequences of more than one new token that the kernel runs
+    (default: all of them)."""
     device = md.context_lens.device
     decodes = md.decode_seqs
-    prefills = [s for s, n in enumerate(md.query_lens) if n > 1]
+    if prefills is None:
+        prefills = [s for s, n in enumerate(md.query_lens) if n > 1]
     dtype, head_dim, num_kv_heads = compute_dtype(cache), cache.k.shape[-1], cache.k.shape[3]
     block_m = tiles("prefill", dtype, head_dim)["BLOCK_M"]
     tile_seq, tile_start = prefill_tiles(md.query_lens, prefills, block_m)
