@@ -128,8 +128,16 @@ d = {
                 "engine_loop.html#hostoverhead.__str__",
                 "minillm/bench/engine_loop.py",
             ),
+            "minillm.bench.engine_loop.device_work": (
+                "engine_loop.html#device_work",
+                "minillm/bench/engine_loop.py",
+            ),
             "minillm.bench.engine_loop.host_overhead": (
                 "engine_loop.html#host_overhead",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.kernel_kind": (
+                "engine_loop.html#kernel_kind",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.memory_bandwidth": (
@@ -146,6 +154,10 @@ d = {
             ),
             "minillm.bench.engine_loop.served_against_offline": (
                 "engine_loop.html#served_against_offline",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.step_profile": (
+                "engine_loop.html#step_profile",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.timed_phases": (

@@ -28,8 +28,9 @@ keeps what it measured, and OUT_DIR/gpu_check.log as it goes:
 6. engine: nano-vllm's workload (256 requests, prompts and outputs uniform in 100-1024, Qwen3-0.6B's
    shape, bfloat16, dummy weights, ignore_eos) through minillm with CUDA graphs, with and without
    chapter 17's async scheduling, and with the triton_sdpa backend (the long form: eager and the
-   torch backend too), its floor at the measured bandwidth, and transformers' continuous batching
-   on a subset it finishes, with output tokens/s and TTFT/TPOT;
+   torch backend too), its floor at the measured bandwidth, a profile of its decode step (chapter
+   17's step_profile: 256 requests at 512 tokens, kernels by kind, the host's ranges), and
+   transformers' continuous batching on a subset it finishes, with output tokens/s and TTFT/TPOT;
 7. loop: chapter 17 on this machine: the host's work per decode step with the forward free (this
    host's CPU, phase by phase), and the same requests offline and through `minillm serve` with
    every request streaming at once (Qwen3-0.6B's shape, bfloat16, dummy weights).
@@ -726,7 +727,7 @@ def run_engine(run: Run, record: dict):
     sequences' K/V, at the copy bandwidth the kernels section measured), and transformers'
     continuous batching on as many of the same requests as it finishes in time (all of them in the
     long form)."""
-    from minillm.bench.engine_loop import workload_floor
+    from minillm.bench.engine_loop import step_profile, workload_floor
     from minillm.bench.offline import random_workload, run_hf_continuous
     from minillm.bench.random_models import random_model_dir
     from minillm.llm import LLM
@@ -799,6 +800,10 @@ def run_engine(run: Run, record: dict):
                 num_kv_blocks=llm.engine.block_manager.num_blocks,
             ),
         )
+        if name == "triton + CUDA graphs":  # where a step's time goes (chapter 17's step_profile)
+            batch, context = (4, 8) if dry else (256, 512)
+            record["profile"] = dict(setup=name, **step_profile(llm, batch, context))
+            run.save()
         del llm, outs
         gc.collect()
         if device == "cuda":

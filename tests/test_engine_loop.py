@@ -35,6 +35,49 @@ def test_the_classic_wrong_floor_is_caught():
         checker(to_the_end)
 
 
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["fused C++ step", "torch ops"])
+def test_step_profile_splits_a_decode_step(tmp_path, cpu_kernels):
+    """A profile of real decode steps: the runner's ranges hold time, the kinds sum to the busy
+    time, the CPU's attention and matmuls are found by name, and the requests leave nothing
+    behind."""
+    from minillm.bench.engine_loop import step_profile
+    from minillm.bench.random_models import random_model_dir
+    from minillm.llm import LLM
+
+    path = random_model_dir(tmp_path, "SmolLM2-135M", weights=False, num_hidden_layers=2)
+    llm = LLM(
+        str(path), load_format="dummy", dtype="float32", num_kv_blocks=128, cpu_kernels=cpu_kernels
+    )
+    p = step_profile(llm, batch=6, context=40, steps=3)
+    assert p["wall_ms"] > 0 and p["runner_ms"]["forward"] > 0 and p["runner_ms"]["sample"] > 0
+    assert p["busy_ms"] == pytest.approx(sum(p["kinds_ms"].values()))
+    assert p["rest_ms"] == pytest.approx(p["wall_ms"] - p["busy_ms"])
+    assert p["kinds_ms"]["attention"] > 0 and len(p["top_kernels_ms"]) == 10
+    if not cpu_kernels:  # the C++ step does its matmuls inside one call
+        assert p["kinds_ms"]["matmul"] > 0
+    bm = llm.engine.block_manager
+    assert not llm.engine.has_unfinished_requests() and bm.num_free_blocks == bm.num_blocks
+
+
+def test_kernel_kinds_by_name():
+    from minillm.bench.engine_loop import kernel_kind
+
+    names = {  # as a GPU profile names them (Triton's kernels keep their function's name)
+        "_decode_kernel": "attention",
+        "_merge_splits_kernel": "attention",
+        "_prefill_kernel": "attention",
+        "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>": "attention",
+        "_store_kv_kernel": "kv write",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
+        "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN": "matmul",
+        "aten::addmm": "matmul",
+        "mkldnn::_linear_pointwise": "matmul",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::SiLU>": "other",
+        "void at::native::reduce_kernel<512, 1, ArgMaxOps<float>>": "other",
+    }
+    assert {name: kernel_kind(name) for name in names} == names
+
+
 def test_host_overhead_runs_the_engine_around_a_free_forward():
     o = host_overhead(4, steps=4, repeats=2, prompt_len=8, vocab_size=1024)
     assert o.batch == 4 and 0 < o.low <= o.ms <= o.high

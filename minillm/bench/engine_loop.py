@@ -5,6 +5,8 @@
 # %% auto #0
 __all__ = [
     "STEP_PHASES",
+    "KERNEL_KINDS",
+    "RUNNER_RANGES",
     "workload_floor",
     "memory_bandwidth",
     "run_floor",
@@ -12,6 +14,9 @@ __all__ = [
     "timed_phases",
     "HostOverhead",
     "host_overhead",
+    "kernel_kind",
+    "device_work",
+    "step_profile",
     "served_against_offline",
 ]
 
@@ -174,6 +179,100 @@ def host_overhead(
             engine.step()
     phases = {name: statistics.median(ms) for name, ms in shares.items()}
     return HostOverhead(batch, statistics.median(times), min(times), max(times), phases)
+
+
+# %% ../../nbs/17_engine_loop.ipynb #c17061
+KERNEL_KINDS = {  # a kernel's kind, by a part of its name (lower case; the first kind that matches)
+    "attention": ("decode", "prefill_kernel", "merge_splits", "flash", "fmha", "attention"),
+    "kv write": ("store_kv",),
+    "matmul": ("gemm", "matmul", "cutlass", "nvjet", "xmma", "linear", "aten::mm", "addmm", "bmm"),
+}
+
+
+def kernel_kind(name: str) -> str:
+    "The KERNEL_KINDS kind of a kernel (on a CPU: an operator) by its name; 'other' if none."
+    low = name.lower()
+    return next(
+        (kind for kind, parts in KERNEL_KINDS.items() if any(p in low for p in parts)), "other"
+    )
+
+
+# the model runner's own ranges (torch.profiler.record_function), timed on the host
+RUNNER_RANGES = ("minillm::prepare_inputs", "minillm::forward", "minillm::sample")
+
+
+def device_work(prof, device_type: str) -> list[tuple[str, float]]:
+    """(name, microseconds) of each kernel a profile recorded on a GPU; on a CPU, of each operator's
+    own time (its children's excluded, so that nothing is counted twice; the runner's ranges left
+    out, their own time being Python's or a fused C++ step's)."""
+    from torch.autograd import DeviceType
+
+    if device_type == "cuda":
+        events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        return [(e.name, e.time_range.elapsed_us()) for e in events]
+    events = [e for e in prof.events() if e.name not in RUNNER_RANGES]
+    return [(e.name, e.self_cpu_time_total) for e in events if e.self_cpu_time_total > 0]
+
+
+def step_profile(llm, batch: int, context: int, steps: int = 4, seed: int = 0) -> dict:
+    """Where a decode step's time goes on `llm`'s device, as it is configured: `batch` requests of
+    `context` random prompt tokens, prefilled and two steps into decoding, then `steps` decode steps
+    under torch.profiler. Per step: wall ms; the kernels' busy ms by KERNEL_KINDS and the rest (on
+    a GPU the device waiting for the host, on a CPU what ran outside operators); the ten longest
+    kernels; and the host's ms in each of the runner's ranges, children included (on a GPU what it
+    takes to launch, on a CPU the work itself). The requests are aborted after."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from minillm.sampling import SamplingParams
+
+    engine, device_type = llm.engine, llm.engine.runner.device.type
+    vocab = engine.model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    prompts = [torch.randint(10, vocab, (context,), generator=g).tolist() for _ in range(batch)]
+    reqs = [engine.add_request(prompt, params) for prompt in prompts]
+    started = set()
+    while len(started) < batch:  # every prompt in, each with its first token
+        started |= {o.request_id for o in engine.step()}
+    for _ in range(2):
+        engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / steps * 1e3
+    for req in reqs:
+        engine.abort_request(req.request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    ranges = {name.split("::")[1]: 0.0 for name in RUNNER_RANGES}
+    for e in prof.events():
+        if e.name in RUNNER_RANGES:
+            ranges[e.name.split("::")[1]] += e.cpu_time_total / steps / 1e3
+    work = device_work(prof, device_type)
+    kinds = {kind: 0.0 for kind in [*KERNEL_KINDS, "other"]}
+    for name, us in work:
+        kinds[kernel_kind(name)] += us / steps / 1e3
+    busy = sum(kinds.values())
+    longest = {}
+    for name, us in work:
+        longest[name] = longest.get(name, 0.0) + us / steps / 1e3
+    top = sorted(longest.items(), key=lambda kv: -kv[1])[:10]
+    return dict(
+        batch=batch,
+        context=context,
+        steps=steps,
+        device=device_type,
+        wall_ms=wall,
+        busy_ms=busy,
+        rest_ms=wall - busy,
+        runner_ms=ranges,
+        kinds_ms=kinds,
+        top_kernels_ms=dict(top),
+    )
 
 
 # %% ../../nbs/17_engine_loop.ipynb #c17051
