@@ -148,12 +148,20 @@ d = {
                 "engine_loop.html#null_forward",
                 "minillm/bench/engine_loop.py",
             ),
+            "minillm.bench.engine_loop.profile_summary": (
+                "engine_loop.html#profile_summary",
+                "minillm/bench/engine_loop.py",
+            ),
             "minillm.bench.engine_loop.run_floor": (
                 "engine_loop.html#run_floor",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.served_against_offline": (
                 "engine_loop.html#served_against_offline",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.start_decoding": (
+                "engine_loop.html#start_decoding",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.step_profile": (

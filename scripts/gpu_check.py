@@ -802,7 +802,11 @@ def run_engine(run: Run, record: dict):
         )
         if name == "triton + CUDA graphs":  # where a step's time goes (chapter 17's step_profile)
             batch, context = (4, 8) if dry else (256, 512)
-            record["profile"] = dict(setup=name, **step_profile(llm, batch, context))
+            try:
+                record["profile"] = dict(setup=name, **step_profile(llm, batch, context))
+            except Exception as e:  # the other setups still run
+                log.exception("step_profile failed")
+                record["profile"] = dict(setup=name, error=f"{type(e).__name__}: {e}")
             run.save()
         del llm, outs
         gc.collect()

@@ -45,11 +45,16 @@ def test_step_profile_splits_a_decode_step(tmp_path, cpu_kernels):
     from minillm.llm import LLM
 
     path = random_model_dir(tmp_path, "SmolLM2-135M", weights=False, num_hidden_layers=2)
-    llm = LLM(
-        str(path), load_format="dummy", dtype="float32", num_kv_blocks=128, cpu_kernels=cpu_kernels
-    )
+    engine = dict(load_format="dummy", dtype="float32", num_kv_blocks=128, cpu_kernels=cpu_kernels)
+    # prompts admitted over several steps: the first ones must not finish before the last start
+    llm = LLM(str(path), max_num_batched_tokens=64, **engine)
     p = step_profile(llm, batch=6, context=40, steps=3)
-    assert p["wall_ms"] > 0 and p["runner_ms"]["forward"] > 0 and p["runner_ms"]["sample"] > 0
+    assert (
+        p["running"] == 6
+        and p["wall_ms"] > 0
+        and p["runner_ms"]["forward"] > 0
+        and p["runner_ms"]["sample"] > 0
+    )
     assert p["busy_ms"] == pytest.approx(sum(p["kinds_ms"].values()))
     assert p["rest_ms"] == pytest.approx(p["wall_ms"] - p["busy_ms"])
     assert p["kinds_ms"]["attention"] > 0 and len(p["top_kernels_ms"]) == 10
@@ -57,6 +62,20 @@ def test_step_profile_splits_a_decode_step(tmp_path, cpu_kernels):
         assert p["kinds_ms"]["matmul"] > 0
     bm = llm.engine.block_manager
     assert not llm.engine.has_unfinished_requests() and bm.num_free_blocks == bm.num_blocks
+
+
+def test_step_profile_refuses_what_it_cannot_see(tmp_path):
+    from minillm.bench.engine_loop import step_profile
+    from minillm.bench.random_models import random_model_dir
+    from minillm.llm import LLM
+
+    path = random_model_dir(tmp_path, "SmolLM2-135M", weights=False, num_hidden_layers=1)
+    llm = LLM(str(path), load_format="dummy", dtype="float32", num_kv_blocks=64, max_num_seqs=4)
+    with pytest.raises(ValueError, match="exceeds max_num_seqs 4"):
+        step_profile(llm, batch=5, context=8)
+    overlapped = LLM(str(path), load_format="dummy", dtype="float32", async_scheduling=True)
+    with pytest.raises(ValueError, match="async_scheduling=False"):
+        step_profile(overlapped, batch=2, context=8)
 
 
 def test_kernel_kinds_by_name():
@@ -70,6 +89,8 @@ def test_kernel_kinds_by_name():
         "_store_kv_kernel": "kv write",
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
         "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN": "matmul",
+        "_int8_matmul_kernel": "matmul",
+        "gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4>": "matmul",
         "aten::addmm": "matmul",
         "mkldnn::_linear_pointwise": "matmul",
         "void at::native::vectorized_elementwise_kernel<4, at::native::SiLU>": "other",

@@ -16,7 +16,9 @@ __all__ = [
     "host_overhead",
     "kernel_kind",
     "device_work",
+    "start_decoding",
     "step_profile",
+    "profile_summary",
     "served_against_offline",
 ]
 
@@ -183,9 +185,12 @@ def host_overhead(
 
 # %% ../../nbs/17_engine_loop.ipynb #c17061
 KERNEL_KINDS = {  # a kernel's kind, by a part of its name (lower case; the first kind that matches)
-    "attention": ("decode", "prefill_kernel", "merge_splits", "flash", "fmha", "attention"),
+    "attention": ("decode", "prefill_kernel", "merge_splits", "flash", "fmha", "attention", "sdpa"),
     "kv write": ("store_kv",),
-    "matmul": ("gemm", "matmul", "cutlass", "nvjet", "xmma", "linear", "aten::mm", "addmm", "bmm"),
+    "matmul": (
+        *("gemm", "gemv", "matmul", "splitk", "cutlass", "nvjet", "xmma"),  # a GPU's kernels
+        *("linear", "aten::mm", "addmm", "bmm"),  # a CPU's operators
+    ),
 }
 
 
@@ -202,76 +207,96 @@ RUNNER_RANGES = ("minillm::prepare_inputs", "minillm::forward", "minillm::sample
 
 
 def device_work(prof, device_type: str) -> list[tuple[str, float]]:
-    """(name, microseconds) of each kernel a profile recorded on a GPU; on a CPU, of each operator's
-    own time (its children's excluded, so that nothing is counted twice; the runner's ranges left
-    out, their own time being Python's or a fused C++ step's)."""
+    """(name, microseconds) of each kernel a profile recorded on a GPU (not the runner's ranges,
+    which the profiler mirrors on the GPU's timeline); on a CPU, of each operator's own time (its
+    children's excluded, so nothing counts twice; not the runner's ranges either, whose own time
+    is Python's or a fused C++ step's)."""
     from torch.autograd import DeviceType
 
-    if device_type == "cuda":
-        events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-        return [(e.name, e.time_range.elapsed_us()) for e in events]
     events = [e for e in prof.events() if e.name not in RUNNER_RANGES]
+    if device_type == "cuda":
+        kernels = [
+            e
+            for e in events
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+        ]
+        return [(e.name, e.time_range.elapsed_us()) for e in kernels]
     return [(e.name, e.self_cpu_time_total) for e in events if e.self_cpu_time_total > 0]
 
 
-def step_profile(llm, batch: int, context: int, steps: int = 4, seed: int = 0) -> dict:
-    """Where a decode step's time goes on `llm`'s device, as it is configured: `batch` requests of
-    `context` random prompt tokens, prefilled and two steps into decoding, then `steps` decode steps
-    under torch.profiler. Per step: wall ms; the kernels' busy ms by KERNEL_KINDS and the rest (on
-    a GPU the device waiting for the host, on a CPU what ran outside operators); the ten longest
-    kernels; and the host's ms in each of the runner's ranges, children included (on a GPU what it
-    takes to launch, on a CPU the work itself). The requests are aborted after."""
-    from torch.profiler import ProfilerActivity, profile
-
+def start_decoding(engine, batch: int, context: int, steps: int, seed: int = 0) -> list:
+    """`batch` requests of `context` random prompt tokens, every one admitted and decoding, none
+    to finish within `steps` more steps; the requests, for the caller to abort."""
     from minillm.sampling import SamplingParams
 
-    engine, device_type = llm.engine, llm.engine.runner.device.type
-    vocab = engine.model.config.vocab_size
+    if batch > engine.config.max_num_seqs:
+        raise ValueError(f"batch {batch} exceeds max_num_seqs {engine.config.max_num_seqs}")
     g = torch.Generator().manual_seed(seed)
-    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    vocab = engine.model.config.vocab_size
+    # the first admitted decode while the last are admitted, then through the steps
+    admission = -(-batch * context // engine.config.max_num_batched_tokens)
+    limit = min(admission + steps + 4, engine.max_model_len - context)
+    params = SamplingParams(temperature=0, max_tokens=limit, ignore_eos=True)
     prompts = [torch.randint(10, vocab, (context,), generator=g).tolist() for _ in range(batch)]
     reqs = [engine.add_request(prompt, params) for prompt in prompts]
     started = set()
     while len(started) < batch:  # every prompt in, each with its first token
         started |= {o.request_id for o in engine.step()}
-    for _ in range(2):
-        engine.step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    engine.step()
+    return reqs
+
+
+def step_profile(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> dict:
+    """Where a decode step's time goes on `llm`'s device, as it is configured (graphs, backend,
+    overlap on a GPU): `batch` requests decoding after `context` prompt tokens (`start_decoding`),
+    `steps` decode steps under torch.profiler. Per step: wall ms; the kernels' busy ms by
+    KERNEL_KINDS and the rest (on a GPU the device waiting for the host, on a CPU what ran outside
+    operators); the ten longest kernels; the host's ms in each of the runner's ranges, children
+    included (on a GPU what it takes to launch, on a CPU the work itself); the sequences running.
+    The requests are aborted after."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine, device_type = llm.engine, llm.engine.runner.device.type
+    if engine.overlap is not None and device_type != "cuda":
+        raise ValueError(
+            "step_profile: a CPU's overlap runs the forward on a thread the profiler does not "
+            "record; profile with async_scheduling=False"
+        )
+    reqs = start_decoding(engine, batch, context, steps, seed)
+    running = len(engine.scheduler.running)
+    cuda = device_type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
         t = time.perf_counter()
         for _ in range(steps):
             engine.step()
-        if device_type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - t) / steps * 1e3
+    running = min(running, len(engine.scheduler.running))
     for req in reqs:
         engine.abort_request(req.request_id)
     while engine.has_unfinished_requests():
         engine.step()
+    return dict(
+        batch=batch, context=context, steps=steps, device=device_type, running=running, wall_ms=wall
+    ) | profile_summary(prof, device_type, steps, wall)
+
+
+def profile_summary(prof, device_type: str, steps: int, wall_ms: float) -> dict:
+    "`step_profile`'s figures per step, from the profile of `steps` steps that took `wall_ms` each."
     ranges = {name.split("::")[1]: 0.0 for name in RUNNER_RANGES}
     for e in prof.events():
         if e.name in RUNNER_RANGES:
             ranges[e.name.split("::")[1]] += e.cpu_time_total / steps / 1e3
-    work = device_work(prof, device_type)
     kinds = {kind: 0.0 for kind in [*KERNEL_KINDS, "other"]}
-    for name, us in work:
+    by_name = {}
+    for name, us in device_work(prof, device_type):
         kinds[kernel_kind(name)] += us / steps / 1e3
+        by_name[name] = by_name.get(name, 0.0) + us / steps / 1e3
     busy = sum(kinds.values())
-    longest = {}
-    for name, us in work:
-        longest[name] = longest.get(name, 0.0) + us / steps / 1e3
-    top = sorted(longest.items(), key=lambda kv: -kv[1])[:10]
+    top = dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:10])
     return dict(
-        batch=batch,
-        context=context,
-        steps=steps,
-        device=device_type,
-        wall_ms=wall,
-        busy_ms=busy,
-        rest_ms=wall - busy,
-        runner_ms=ranges,
-        kinds_ms=kinds,
-        top_kernels_ms=dict(top),
+        busy_ms=busy, rest_ms=wall_ms - busy, runner_ms=ranges, kinds_ms=kinds, top_kernels_ms=top
     )
 
 
