@@ -4733,6 +4733,10 @@ d = {
                 "serving.html#submission.outputs",
                 "minillm/server/async_engine.py",
             ),
+            "minillm.server.async_engine.put_all": (
+                "serving.html#put_all",
+                "minillm/server/async_engine.py",
+            ),
         },
         "minillm.server.chat_template": {
             "minillm.server.chat_template.check_token_in": (
