@@ -101,24 +101,6 @@ d = {
                 "minillm/attention/paged.py",
             ),
         },
-        "minillm.attention.triton_sdpa": {
-            "minillm.attention.triton_sdpa.TritonSdpaPlan": (
-                "triton_kernel.html#tritonsdpaplan",
-                "minillm/attention/triton_sdpa.py",
-            ),
-            "minillm.attention.triton_sdpa.attention_triton_sdpa": (
-                "triton_kernel.html#attention_triton_sdpa",
-                "minillm/attention/triton_sdpa.py",
-            ),
-            "minillm.attention.triton_sdpa.fresh_prompts": (
-                "triton_kernel.html#fresh_prompts",
-                "minillm/attention/triton_sdpa.py",
-            ),
-            "minillm.attention.triton_sdpa.plan_triton_sdpa": (
-                "triton_kernel.html#plan_triton_sdpa",
-                "minillm/attention/triton_sdpa.py",
-            ),
-        },
         "minillm.bench.engine_loop": {
             "minillm.bench.engine_loop.HostOverhead": (
                 "engine_loop.html#hostoverhead",
@@ -3478,6 +3460,24 @@ d = {
             "minillm.kernels.triton_attention.tiles": (
                 "triton_kernel.html#tiles",
                 "minillm/kernels/triton_attention.py",
+            ),
+        },
+        "minillm.kernels.triton_sdpa": {
+            "minillm.kernels.triton_sdpa.TritonSdpaPlan": (
+                "triton_kernel.html#tritonsdpaplan",
+                "minillm/kernels/triton_sdpa.py",
+            ),
+            "minillm.kernels.triton_sdpa.attention_triton_sdpa": (
+                "triton_kernel.html#attention_triton_sdpa",
+                "minillm/kernels/triton_sdpa.py",
+            ),
+            "minillm.kernels.triton_sdpa.fresh_prompts": (
+                "triton_kernel.html#fresh_prompts",
+                "minillm/kernels/triton_sdpa.py",
+            ),
+            "minillm.kernels.triton_sdpa.plan_triton_sdpa": (
+                "triton_kernel.html#plan_triton_sdpa",
+                "minillm/kernels/triton_sdpa.py",
             ),
         },
         "minillm.llm": {

@@ -630,7 +630,7 @@ def sdpa_prefill(pool, md, q, seqs: int, chunk: int, dry: bool, flops: int) -> d
     """The triton_sdpa backend on fresh prompts (SDPA on the batch's K/V, chapter 8b): its time,
     TFLOP/s and error against the torch reference, K/V read back from the pool the case filled."""
     from minillm.attention.paged import gather_kv, paged_attention_torch
-    from minillm.attention.triton_sdpa import attention_triton_sdpa, plan_triton_sdpa
+    from minillm.kernels.triton_sdpa import attention_triton_sdpa, plan_triton_sdpa
 
     pairs = [gather_kv(pool, 0, md.block_tables[s], chunk) for s in range(seqs)]
     k, v = (torch.cat([pair[i] for pair in pairs]) for i in (0, 1))

@@ -97,7 +97,7 @@ def test_triton_sdpa_takes_every_route(D, group, dtype):
     """The triton_sdpa backend against the reference on a batch with fresh prompts long enough
     for SDPA, a short one, chunks after a cached prefix (one as long as a prompt) and decodes; and
     on a sliding-window layer, where every prompt stays with Triton."""
-    from minillm.attention.triton_sdpa import (
+    from minillm.kernels.triton_sdpa import (
         SDPA_MIN_TOKENS,
         TRITON_SDPA_ATTENTION,
         plan_triton_sdpa,
@@ -129,10 +129,24 @@ def test_triton_sdpa_takes_every_route(D, group, dtype):
         torch.testing.assert_close(got.float().cpu(), expected, atol=tol, rtol=tol)
 
 
+def kernels_engine(path, backend: str, max_num_batched_tokens: int) -> LLM:
+    "An engine in float32 on the kernels' device, with `backend` and a pool of 64 blocks."
+    llm = LLM(
+        str(path),
+        attention_backend=backend,
+        max_num_batched_tokens=max_num_batched_tokens,
+        num_kv_blocks=64,
+        device=DEVICE,
+        dtype="float32",
+    )
+    assert llm.engine.config.attention_backend == backend
+    return llm
+
+
 def test_engine_with_triton_sdpa_backend_equals_transformers(random_llama, monkeypatch):
     """Prompts through SDPA whole, chunked (a first chunk fresh, the next over the pool), after a
     prefix-cache hit (Triton's), then decodes: transformers' tokens, and no block kept."""
-    from minillm.attention import triton_sdpa
+    from minillm.kernels import triton_sdpa
 
     routed = []
     fresh_prompts = triton_sdpa.fresh_prompts
@@ -140,15 +154,7 @@ def test_engine_with_triton_sdpa_backend_equals_transformers(random_llama, monke
         triton_sdpa, "fresh_prompts", lambda *a: routed.append(fresh_prompts(*a)) or routed[-1]
     )
     path, hf = random_llama
-    llm = LLM(
-        str(path),
-        attention_backend="triton_sdpa",
-        max_num_batched_tokens=96,
-        num_kv_blocks=64,
-        device=DEVICE,
-        dtype="float32",
-    )
-    assert llm.engine.config.attention_backend == "triton_sdpa"
+    llm = kernels_engine(path, "triton_sdpa", max_num_batched_tokens=96)
     g = torch.Generator().manual_seed(2)
     shared = torch.randint(100, 5000, (48,), generator=g).tolist()
     prompts = [shared + torch.randint(100, 5000, (n,), generator=g).tolist() for n in (30, 100)]
@@ -191,15 +197,7 @@ def test_engine_with_triton_backend_equals_transformers(random_llama):
     """Chunked prefill, prefix-cache hits and batched decode, all through the kernels, give
     transformers' tokens."""
     path, hf = random_llama
-    llm = LLM(
-        str(path),
-        attention_backend="triton",
-        max_num_batched_tokens=48,
-        num_kv_blocks=64,
-        device=DEVICE,
-        dtype="float32",
-    )
-    assert llm.engine.config.attention_backend == "triton"
+    llm = kernels_engine(path, "triton", max_num_batched_tokens=48)
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(100, 5000, (40,), generator=g).tolist()
     prompts = [

@@ -45,7 +45,7 @@ ATTENTION_BACKENDS = {
     "torch": "minillm.attention.paged:TORCH_ATTENTION",
     "cpu": "minillm.kernels.cpu_attention:CPU_ATTENTION",
     "triton": "minillm.kernels.triton_attention:TRITON_ATTENTION",
-    "triton_sdpa": "minillm.attention.triton_sdpa:TRITON_SDPA_ATTENTION",
+    "triton_sdpa": "minillm.kernels.triton_sdpa:TRITON_SDPA_ATTENTION",
 }
 # the backends whose decodes run chapter 8b's Triton kernel, which CUDA graphs capture (chapter 8c)
 TRITON_DECODE_BACKENDS = ("triton", "triton_sdpa")

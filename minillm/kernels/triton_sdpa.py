@@ -28,8 +28,8 @@ from minillm.kernels.triton_attention import (
     store_kv,
 )
 
+from ..attention.paged import AttentionBackend, AttentionMetadata
 from ..core.kv_cache import PagedKVCache
-from .paged import AttentionBackend, AttentionMetadata
 
 SDPA_MIN_TOKENS = 64  # a fresh prompt shorter than this joins the Triton kernel's launch
 
