@@ -4661,6 +4661,10 @@ d = {
                 "serving.html#asyncengine._check_alive",
                 "minillm/server/async_engine.py",
             ),
+            "minillm.server.async_engine.AsyncEngine._dead": (
+                "serving.html#asyncengine._dead",
+                "minillm/server/async_engine.py",
+            ),
             "minillm.server.async_engine.AsyncEngine._deliver": (
                 "serving.html#asyncengine._deliver",
                 "minillm/server/async_engine.py",
@@ -4669,12 +4673,12 @@ d = {
                 "serving.html#asyncengine._fail_all",
                 "minillm/server/async_engine.py",
             ),
-            "minillm.server.async_engine.AsyncEngine._next": (
-                "serving.html#asyncengine._next",
-                "minillm/server/async_engine.py",
-            ),
             "minillm.server.async_engine.AsyncEngine._run": (
                 "serving.html#asyncengine._run",
+                "minillm/server/async_engine.py",
+            ),
+            "minillm.server.async_engine.AsyncEngine._send": (
+                "serving.html#asyncengine._send",
                 "minillm/server/async_engine.py",
             ),
             "minillm.server.async_engine.AsyncEngine.alive": (

@@ -463,3 +463,26 @@ def test_a_dead_engine_fails_everyone_at_once(random_llama):
         assert not aeng.alive and isinstance(aeng.error, EngineDeadError)
 
     asyncio.run(main())
+
+
+def test_no_command_enters_once_the_engine_has_stopped(random_llama):
+    """The thread closes its queue before it fails what is queued: a later submit, call or abort
+    is refused at once (nothing could wait for it forever), and nothing is left counted queued."""
+    from minillm import SamplingParams
+    from minillm.engine.llm_engine import EngineConfig
+    from minillm.server.async_engine import AsyncEngine, EngineDeadError
+
+    path, _ = random_llama
+
+    async def main():
+        aeng = AsyncEngine(config=EngineConfig(model=str(path)))
+        req = aeng.engine.make_request([1, 2, 3], SamplingParams(max_tokens=2), "late")
+        aeng.shutdown()
+        assert not aeng._send("abort", ["late"])
+        with pytest.raises(EngineDeadError):
+            aeng.submit([req])
+        with pytest.raises(EngineDeadError):
+            await aeng.call(lambda engine: None)
+        assert aeng.num_queued == 0 and aeng._commands.empty()
+
+    asyncio.run(main())

@@ -71,6 +71,8 @@ class AsyncEngine:
         self.error: BaseException | None = None  # why the thread stopped
         self.num_queued = 0  # requests submitted that have not started (event loop)
         self._commands: queue.Queue = queue.Queue()
+        # once the thread stops, no command enters the queue: `_lock` orders the two
+        self._closed, self._lock = False, threading.Lock()
         self._sinks: dict[str, tuple[Sink, int]] = {}  # request id -> (sink, choice); engine thread
         self._stopped = False
         self._ready = threading.Event()
@@ -111,6 +113,8 @@ class AsyncEngine:
             logger.critical("the engine thread died", exc_info=e)
             self.error = EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}")
         finally:
+            with self._lock:
+                self._closed = True
             self._fail_all(self.error or EngineDeadError("the server is shutting down"))
 
     def _apply_commands(self, block: bool):
@@ -124,9 +128,10 @@ class AsyncEngine:
             pass
 
     def _apply(self, kind: str, items: list):
-        if kind == "add":
+        if kind == "add":  # every sink known first: should the thread die here, all are failed
             for req, sink, index in items:
                 self._sinks[req.request_id] = (sink, index)
+            for req, sink, index in items:
                 try:
                     self.engine.enqueue(req)
                 except ValueError as e:
@@ -175,19 +180,29 @@ class AsyncEngine:
             for fn, done in items if kind == "call" else ():
                 done.set_exception(error)
 
+    def _send(self, kind: str, items: list) -> bool:
+        """Queue a command for the engine thread; False once the thread has stopped, when the
+        command would never be applied (and every one queued before has been failed)."""
+        with self._lock:
+            if not self._closed:
+                self._commands.put((kind, items))
+            return not self._closed
+
+    def _dead(self) -> EngineDeadError:
+        if isinstance(self.error, EngineDeadError):
+            return self.error
+        return EngineDeadError("the engine is not running")
+
     def _check_alive(self):
         if not self.alive:
-            if isinstance(self.error, EngineDeadError):
-                raise self.error
-            raise EngineDeadError("the engine is not running")
+            raise self._dead()
 
     async def call(self, fn):
         "`fn(engine)` on the engine thread, between two steps: its result, or its exception."
         self._check_alive()
         done = concurrent.futures.Future()
-        self._commands.put(("call", [(fn, done)]))
-        if not self.alive:
-            self._check_alive()
+        if not self._send("call", [(fn, done)]):
+            raise self._dead()
         return await asyncio.wrap_future(done)
 
     def submit(self, requests: list[Request]) -> "Submission":
@@ -195,25 +210,14 @@ class AsyncEngine:
         will share one queue."""
         self._check_alive()
         sub = Submission(self, requests, Sink(asyncio.get_running_loop(), asyncio.Queue()))
-        self._commands.put(("add", [(r, sub.sink, i) for i, r in enumerate(requests)]))
-        if not self.alive:  # it died before it could take the command
-            sub.abort()
-            self._check_alive()
+        if not self._send("add", [(r, sub.sink, i) for i, r in enumerate(requests)]):
+            sub.abort()  # it stopped before it could take the command
+            raise self._dead()
         return sub
-
-    async def _next(self, q: asyncio.Queue):
-        "The next item of `q`; the engine thread's liveness is re-checked every few seconds."
-        while True:
-            get = asyncio.ensure_future(q.get())
-            done, _ = await asyncio.wait({get}, timeout=5.0)
-            if done:
-                return get.result()
-            get.cancel()
-            self._check_alive()
 
     def shutdown(self):
         self._stopped = True
-        self._commands.put(("abort", []))
+        self._send("abort", [])  # wakes the thread if it waits for a command
         self._thread.join(timeout=10)
         if self.engine is not None:
             self.engine.shutdown()
@@ -234,7 +238,8 @@ class Submission:
         "(choice index, output) pairs; an engine error is raised; leaving early aborts the rest."
         try:
             while self.unfinished:
-                index, item = await self.aeng._next(self.sink.queue)
+                # the thread fails every sink it knows when it stops: no wait is endless
+                index, item = await self.sink.queue.get()
                 self._started(index)
                 if isinstance(item, BaseException):
                     raise item
@@ -254,5 +259,5 @@ class Submission:
         self.aeng.num_queued -= len(self.queued)
         self.queued.clear()
         if self.unfinished:
-            self.aeng._commands.put(("abort", list(self.unfinished)))
+            self.aeng._send("abort", list(self.unfinished))
             self.unfinished.clear()
