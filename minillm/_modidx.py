@@ -2240,6 +2240,10 @@ d = {
                 "sampling.html#textstream.append",
                 "minillm/detokenizer.py",
             ),
+            "minillm.detokenizer.TextStream.extend": (
+                "sampling.html#textstream.extend",
+                "minillm/detokenizer.py",
+            ),
             "minillm.detokenizer.TextStream.finished": (
                 "sampling.html#textstream.finished",
                 "minillm/detokenizer.py",
@@ -2319,6 +2323,92 @@ d = {
             "minillm.engine.config.cpu_has_native_bf16": (
                 "engine.html#cpu_has_native_bf16",
                 "minillm/engine/config.py",
+            ),
+        },
+        "minillm.engine.core": {
+            "minillm.engine.core.CoreInputs": (
+                "engine_loop.html#coreinputs",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.CoreInputs.__init__": (
+                "engine_loop.html#coreinputs.__init__",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.CoreInputs.check_fits": (
+                "engine_loop.html#coreinputs.check_fits",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.CoreInputs.check_kv_transfer_params": (
+                "engine_loop.html#coreinputs.check_kv_transfer_params",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.CoreInputs.facts": (
+                "engine_loop.html#coreinputs.facts",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.CoreInputs.make_generator": (
+                "engine_loop.html#coreinputs.make_generator",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.CoreInputs.shutdown": (
+                "engine_loop.html#coreinputs.shutdown",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.EngineCore": (
+                "engine_loop.html#enginecore",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.EngineCore.__init__": (
+                "engine_loop.html#enginecore.__init__",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.EngineCore._apply": (
+                "engine_loop.html#enginecore._apply",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.EngineCore._apply_commands": (
+                "engine_loop.html#enginecore._apply_commands",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.EngineCore.run": (
+                "engine_loop.html#enginecore.run",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.OutputProcessor": (
+                "engine_loop.html#outputprocessor",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.OutputProcessor.__init__": (
+                "engine_loop.html#outputprocessor.__init__",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.OutputProcessor.add": (
+                "engine_loop.html#outputprocessor.add",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.OutputProcessor.process": (
+                "engine_loop.html#outputprocessor.process",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.RequestState": (
+                "engine_loop.html#requeststate",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.largest_fit": (
+                "engine_loop.html#largest_fit",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.run_engine_core": (
+                "engine_loop.html#run_engine_core",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.wire_output": (
+                "engine_loop.html#wire_output",
+                "minillm/engine/core.py",
+            ),
+            "minillm.engine.core.wire_request": (
+                "engine_loop.html#wire_request",
+                "minillm/engine/core.py",
             ),
         },
         "minillm.engine.cuda_graphs": {
@@ -2710,6 +2800,22 @@ d = {
                 "engine.html#completionoutput",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.InputProcessor": (
+                "engine.html#inputprocessor",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.InputProcessor._prompt_ids": (
+                "engine.html#inputprocessor._prompt_ids",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.InputProcessor.default_sampling_params": (
+                "engine.html#inputprocessor.default_sampling_params",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.InputProcessor.make_request": (
+                "engine.html#inputprocessor.make_request",
+                "minillm/engine/llm_engine.py",
+            ),
             "minillm.engine.llm_engine.IterationStats": (
                 "engine.html#iterationstats",
                 "minillm/engine/llm_engine.py",
@@ -2742,10 +2848,6 @@ d = {
                 "engine.html#llmengine._keep",
                 "minillm/engine/llm_engine.py",
             ),
-            "minillm.engine.llm_engine.LLMEngine._prompt_ids": (
-                "engine.html#llmengine._prompt_ids",
-                "minillm/engine/llm_engine.py",
-            ),
             "minillm.engine.llm_engine.LLMEngine.abort_request": (
                 "engine.html#llmengine.abort_request",
                 "minillm/engine/llm_engine.py",
@@ -2754,8 +2856,12 @@ d = {
                 "engine.html#llmengine.add_request",
                 "minillm/engine/llm_engine.py",
             ),
-            "minillm.engine.llm_engine.LLMEngine.default_sampling_params": (
-                "engine.html#llmengine.default_sampling_params",
+            "minillm.engine.llm_engine.LLMEngine.check_fits": (
+                "engine.html#llmengine.check_fits",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.LLMEngine.check_kv_transfer_params": (
+                "engine.html#llmengine.check_kv_transfer_params",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.LLMEngine.enqueue": (
@@ -2770,8 +2876,8 @@ d = {
                 "engine.html#llmengine.has_unfinished_requests",
                 "minillm/engine/llm_engine.py",
             ),
-            "minillm.engine.llm_engine.LLMEngine.make_request": (
-                "engine.html#llmengine.make_request",
+            "minillm.engine.llm_engine.LLMEngine.make_generator": (
+                "engine.html#llmengine.make_generator",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.LLMEngine.process": (
@@ -3042,6 +3148,16 @@ d = {
             "minillm.engine.sampler.SamplerOutput.tolist": (
                 "model_runner.html#sampleroutput.tolist",
                 "minillm/engine/sampler.py",
+            ),
+        },
+        "minillm.engine.stats": {
+            "minillm.engine.stats.EngineStats": (
+                "serving.html#enginestats",
+                "minillm/engine/stats.py",
+            ),
+            "minillm.engine.stats.engine_stats": (
+                "serving.html#engine_stats",
+                "minillm/engine/stats.py",
             ),
         },
         "minillm.engine.structured_output": {
@@ -4621,6 +4737,10 @@ d = {
                 "serving.html#model_card",
                 "minillm/server/admin.py",
             ),
+            "minillm.server.admin.reset_prefix_cache_of": (
+                "serving.html#reset_prefix_cache_of",
+                "minillm/server/admin.py",
+            ),
         },
         "minillm.server.api_server": {
             "minillm.server.api_server._add_error_handlers": (
@@ -4695,6 +4815,10 @@ d = {
             ),
             "minillm.server.async_engine.AsyncEngine.shutdown": (
                 "serving.html#asyncengine.shutdown",
+                "minillm/server/async_engine.py",
+            ),
+            "minillm.server.async_engine.AsyncEngine.stats": (
+                "serving.html#asyncengine.stats",
                 "minillm/server/async_engine.py",
             ),
             "minillm.server.async_engine.AsyncEngine.submit": (
@@ -4815,6 +4939,10 @@ d = {
                 "openai_api.html#embed",
                 "minillm/server/embeddings.py",
             ),
+            "minillm.server.embeddings.embed_on": (
+                "openai_api.html#embed_on",
+                "minillm/server/embeddings.py",
+            ),
             "minillm.server.embeddings.encoded": (
                 "openai_api.html#encoded",
                 "minillm/server/embeddings.py",
@@ -4822,6 +4950,60 @@ d = {
             "minillm.server.embeddings.serve_embeddings": (
                 "openai_api.html#serve_embeddings",
                 "minillm/server/embeddings.py",
+            ),
+        },
+        "minillm.server.engine_client": {
+            "minillm.server.engine_client.EngineCoreClient": (
+                "engine_loop.html#enginecoreclient",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient.__init__": (
+                "engine_loop.html#enginecoreclient.__init__",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._fail_all": (
+                "engine_loop.html#enginecoreclient._fail_all",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._next_message": (
+                "engine_loop.html#enginecoreclient._next_message",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._receive": (
+                "engine_loop.html#enginecoreclient._receive",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._run": (
+                "engine_loop.html#enginecoreclient._run",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._send": (
+                "engine_loop.html#enginecoreclient._send",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._send_core": (
+                "engine_loop.html#enginecoreclient._send_core",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._start": (
+                "engine_loop.html#enginecoreclient._start",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._step": (
+                "engine_loop.html#enginecoreclient._step",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._write": (
+                "engine_loop.html#enginecoreclient._write",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient.shutdown": (
+                "engine_loop.html#enginecoreclient.shutdown",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient.stats": (
+                "engine_loop.html#enginecoreclient.stats",
+                "minillm/server/engine_client.py",
             ),
         },
         "minillm.server.errors": {

@@ -280,6 +280,7 @@ def cmd_serve(args):
             "enable_tokenizer_info": args.enable_tokenizer_info_endpoint,
             "root_path": args.root_path,
         },
+        engine_process=args.engine_process,
         **engine_kwargs(args),
     )
 
@@ -423,7 +424,10 @@ def cmd_bench_overhead(args):
 
     print(f"on {machine_summary()}")  # the CPU the host's work runs on
     for batch in args.batch:
-        print(host_overhead(batch, args.steps, args.repeats, args.prompt_len), flush=True)
+        o = host_overhead(
+            batch, args.steps, args.repeats, args.prompt_len, detokenize=args.detokenize
+        )
+        print(o, flush=True)
 
 
 def cmd_bench_serve(args):
@@ -614,6 +618,13 @@ def _serve_command(sub):
     s.add_argument("--log-level", default="info")
     s.add_argument(
         "--protect-metrics", action="store_true", help="require the API key on /metrics too"
+    )
+    s.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run the engine core in a process of its own, fed and read over pipes, so that "
+        "tokenizing, detokenizing and HTTP never hold its GIL (chapter 17)",
     )
     add_api_flags(s)
     add_limit_flags(s)
@@ -841,6 +852,13 @@ def _bench_overhead_command(modes):
     t.add_argument("--steps", type=int, default=32, help="decode steps timed per repeat")
     t.add_argument("--repeats", type=int, default=5)
     t.add_argument("--prompt-len", type=int, default=64)
+    t.add_argument(
+        "--detokenize",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--no-detokenize: the step as `serve --engine-process` runs it (its text made beside "
+        "it, in the server's process)",
+    )
     t.set_defaults(func=cmd_bench_overhead)
 
 

@@ -12,7 +12,9 @@ from .sampling import SamplingParams
 
 
 class TextStream:
-    "Turns a request's output tokens into text deltas, and finds its stop conditions."
+    """Turns a request's output tokens into text deltas, and finds its stop conditions. Without a
+    tokenizer it makes no text and finds no stop string: chapter 17's engine core, whose text is
+    made beside it."""
 
     def __init__(self, tokenizer, params: SamplingParams, eos_token_ids=(), prompt_ids=()):
         self.tokenizer, self.params = tokenizer, params
@@ -22,7 +24,7 @@ class TextStream:
         self.num_tokens = 0
         self.decoder = DecodeStream(skip_special_tokens=params.skip_special_tokens)
         # a few prompt tokens first, so that the first output token decodes with its leading space
-        if prompt_ids:
+        if prompt_ids and tokenizer is not None:
             self.decoder.step(tokenizer.backend_tokenizer, list(prompt_ids[-4:]))
         self.text, self.sent = "", 0
         self.finish_reason: str | None = None  # "stop" or "length"
@@ -54,7 +56,7 @@ class TextStream:
             self.finish_reason = "stop"
         elif may_stop and token_id in self.stop_ids:
             self.finish_reason, self.stop_reason = "stop", token_id
-        else:
+        elif self.tokenizer is not None:
             delta = self.decoder.step(self.tokenizer.backend_tokenizer, token_id) or ""
             self.text += delta
             if may_stop and self.params.stop and delta:
@@ -64,3 +66,14 @@ class TextStream:
         end = len(self.text) if self.finished else max(self.sent, len(self.text) - self.hold)
         delta, self.sent = self.text[self.sent : end], end
         return delta
+
+    def extend(self, tokens: list[int], room: int) -> tuple[list[int], str]:
+        """Append `tokens` until a stop; `room`: how many more the request may make. The tokens
+        kept (up to and with the one that stopped it) and their text."""
+        kept, delta = [], ""
+        for token in tokens:
+            kept.append(token)
+            delta += self.append(token, last=len(kept) >= room)
+            if self.finished:
+                break
+        return kept, delta

@@ -77,6 +77,7 @@ def test_gpu_check_dry_mode(tmp_path):
         res["loop"]["host_overhead"][0]["phases"]
     )
     assert res["loop"]["served"]["best_served_over_best_offline"] > 0
+    assert res["loop"]["served"]["best_served_process_over_best_offline"] > 0
 
 
 def load_script():

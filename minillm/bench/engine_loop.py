@@ -135,12 +135,18 @@ class HostOverhead:
 
 
 def host_overhead(
-    batch: int, steps: int = 32, repeats: int = 5, prompt_len: int = 64, vocab_size: int = 49152
+    batch: int,
+    steps: int = 32,
+    repeats: int = 5,
+    prompt_len: int = 64,
+    vocab_size: int = 49152,
+    detokenize: bool = True,
 ) -> HostOverhead:
     """The engine's own work per decode step with `batch` sequences running (scheduling, input
     tensors, block tables, sampling, reading tokens, detokenizing, updating requests), its forward
     made free (`null_forward`): the median over `repeats` runs of the mean step of `steps`, and
-    of each phase's share (the rest: what no phase holds, the step's own loop)."""
+    of each phase's share (the rest: what no phase holds, the step's own loop). `detokenize=False`:
+    the step as an engine core in its own process runs it, its text made beside it."""
     from minillm.bench.random_models import random_model_dir
     from minillm.llm import LLM
     from minillm.sampling import SamplingParams
@@ -159,6 +165,7 @@ def host_overhead(
             enforce_eager=torch.cuda.is_available(),  # no captured step replaces the free one
         )
     engine = llm.engine
+    engine.detokenize = detokenize
     null_forward(engine.runner)
     spent = timed_phases(engine)
     params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
@@ -301,12 +308,16 @@ def profile_summary(prof, device_type: str, steps: int, wall_ms: float) -> dict:
 
 
 # %% ../../nbs/17_engine_loop.ipynb #c17051
-def served_against_offline(model: str, requests, repeats: int = 3, log=None, **engine) -> dict:
+def served_against_offline(
+    model: str, requests, repeats: int = 3, log=None, servers: dict | None = None, **engine
+) -> dict:
     """The same requests offline (`LLM.generate`, all at once) and served (`minillm serve`, all
     streaming at once through vLLM's `bench serve` client, /v1/completions), greedy, each making
     its output length (ignore_eos), on one engine's settings `engine`: LLM's keywords that take a
-    value, each passed to the server as `--name=value`. Output tok/s both ways over `repeats`
-    runs, and the served runs' median TPOT (ms, one stream's time per token after its first)."""
+    value, each passed to the server as `--name=value`. `servers`: name -> more flags of `minillm
+    serve`, one server each (default {"served": []}). Output tok/s offline and of each server over
+    `repeats` runs, and each server's median TPOT (ms, one stream's time per token after its
+    first)."""
     switches = [k for k, v in engine.items() if isinstance(v, bool)]
     if switches:
         raise ValueError(
@@ -328,22 +339,23 @@ def served_against_offline(model: str, requests, repeats: int = 3, log=None, **e
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    port, flags = free_port(), [f"--{k.replace('_', '-')}={v}" for k, v in engine.items()]
-    # this interpreter runs the command line: no installed `minillm` script needed (a GPU host's
-    # checkout on PYTHONPATH has none)
-    cmd = [sys.executable, "-c", "from minillm.cli import main; main()", "serve", "--model", model]
-    cmd += ["--port", str(port), "--log-level", "warning", *flags]
-    url = f"http://127.0.0.1:{port}/v1"
-    with ServerProcess(cmd, url, log=log):
-        served = [
-            serve_benchmark(url, tokenizer, requests, ignore_eos=True) for _ in range(repeats)
-        ]
-    failed = sum(r["failed"] for r in served)
-    if failed:
-        raise RuntimeError(f"{failed} served requests failed: {served[0]['errors'][:3]}")
-    return dict(
-        offline_tok_s=[r["output_tokens_per_second"] for r in offline],
-        served_tok_s=[r["output_throughput"] for r in served],
-        served_tpot_ms=[r["median_tpot_ms"] for r in served],
-        output_tokens=[r["total_output_tokens"] for r in served],
-    )
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine.items()]
+    result = dict(offline_tok_s=[r["output_tokens_per_second"] for r in offline], output_tokens=[])
+    for name, more in (servers or {"served": []}).items():
+        port = free_port()
+        # this interpreter runs the command line: no installed `minillm` script needed (a GPU
+        # host's checkout on PYTHONPATH has none)
+        cmd = [sys.executable, "-c", "from minillm.cli import main; main()", "serve"]
+        cmd += ["--model", model, "--port", str(port), "--log-level", "warning", *flags, *more]
+        url = f"http://127.0.0.1:{port}/v1"
+        with ServerProcess(cmd, url, log=log):
+            served = [
+                serve_benchmark(url, tokenizer, requests, ignore_eos=True) for _ in range(repeats)
+            ]
+        failed = sum(r["failed"] for r in served)
+        if failed:
+            raise RuntimeError(f"{failed} requests to {name} failed: {served[0]['errors'][:3]}")
+        result[f"{name}_tok_s"] = [r["output_throughput"] for r in served]
+        result[f"{name}_tpot_ms"] = [r["median_tpot_ms"] for r in served]
+        result["output_tokens"] += [r["total_output_tokens"] for r in served]
+    return result

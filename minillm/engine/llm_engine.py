@@ -12,6 +12,7 @@ __all__ = [
     "model_name",
     "IterationStats",
     "stop_all",
+    "InputProcessor",
     "LLMEngine",
 ]
 
@@ -188,7 +189,95 @@ def stop_all(stops: list):
         stops.pop()()
 
 
-class LLMEngine:
+class InputProcessor:
+    """A prompt and its parameters checked, and made into a Request: the engine's own, and (chapter
+    17) the server's beside an engine core in another process. The subclass sets `tokenizer`,
+    `vocab_size`, `max_model_len`, `eos_token_ids`, `sampling_defaults`, `structured_outputs` and
+    `requests` (the live ones, by id), and says what `make_request` needs of the engine."""
+
+    detokenize = True  # chapter 17: False in an engine core, whose text is made beside it
+
+    def default_sampling_params(self) -> SamplingParams:
+        "A request's SamplingParams when it gives none: the defaults of `generation_config`."
+        return SamplingParams(**self.sampling_defaults)
+
+    def make_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        kv_transfer_params: dict | None = None,
+    ) -> Request:
+        """Check a prompt and its parameters and build its Request, without queueing it (no engine
+        state changes)."""
+        params = params or self.default_sampling_params()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.n != 1:
+            raise ValueError(
+                "LLMEngine runs one sample per request; use LLM.generate (or "
+                "SamplingParams.fan_out)"
+            )
+        ids = self._prompt_ids(prompt)
+        vocab = self.vocab_size
+        outside = [t for t in params.stop_token_ids if t >= vocab][:4]
+        if outside:
+            message = f"stop_token_ids {outside} are not in [0, {vocab}), the model's vocabulary"
+            raise ValueError(message)
+        # the per-row tensors the sampler will build, checked now
+        SamplingTensors.from_params([params], vocab)
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        tokenizer = self.tokenizer if self.detokenize else None
+        req = Request(
+            seq_id=next(self._seq_ids),
+            token_ids=ids,
+            request_id=request_id,
+            params=params,
+            max_tokens=params.output_limit(len(ids), self.max_model_len),
+            prompt=prompt if isinstance(prompt, str) else None,
+            arrival_time=arrival_time or time.perf_counter(),
+            generator=self.make_generator(params.seed),
+            stream=TextStream(tokenizer, params, self.eos_token_ids, ids),
+        )
+        if params.processes_logits:  # bias ids, bad words, grammar, prompt logprobs
+            from minillm.engine.logits_processor import prepare_request
+
+            prepare_request(req, self.tokenizer, vocab, self.structured_outputs)
+        if kv_transfer_params is not None:
+            req.kv_transfer_params = self.check_kv_transfer_params(kv_transfer_params)
+        self.check_fits(req)  # refuses a request that could never fit in the pool
+        return req
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        "The checked token ids of a prompt given as text or as ids."
+        if isinstance(prompt, str):
+            ids = self.tokenizer(check_text(prompt, "the prompt")).input_ids
+        elif isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            ids = list(prompt)
+        else:
+            raise ValueError(
+                f"a prompt is a string or a list of token ids, got {type(prompt).__name__}"
+            )
+        vocab = self.vocab_size
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(  # vLLM's words, which clients (litellm) recognise
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {len(ids)} input tokens. Please reduce the length of the "
+                "input messages (one output token must fit)."
+            )
+        return ids
+
+
+class LLMEngine(InputProcessor):
     "The inference loop: requests in, one scheduled forward pass per step, tokens out."
 
     def __init__(self, config: EngineConfig | None = None, **kwargs):
@@ -222,6 +311,8 @@ class LLMEngine:
         self.stops = [self.runner.shutdown]
         self._finalizer = weakref.finalize(self, stop_all, self.stops)
         self.model = self.runner.model
+        self.model_config = self.model.config
+        self.vocab_size = self.model_config.vocab_size
         num_blocks = self.runner.cache.num_blocks
         self.config = dataclasses.replace(
             cfg,
@@ -274,85 +365,17 @@ class LLMEngine:
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self.last_iteration = IterationStats(0, 0, 0)  # the newest step's token counts
 
-    def default_sampling_params(self) -> SamplingParams:
-        "A request's SamplingParams when it gives none: the defaults of `generation_config`."
-        return SamplingParams(**self.sampling_defaults)
+    def make_generator(self, seed: int | None):
+        "A seeded request's own RNG, on the engine's device."
+        return make_generator(seed, self.runner.device)
 
-    def make_request(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        arrival_time: float | None = None,
-        kv_transfer_params: dict | None = None,
-    ) -> Request:
-        """Check a prompt and its parameters and build its Request, without queueing it (no engine
-        state changes)."""
-        params = params or self.default_sampling_params()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        if params.n != 1:
-            raise ValueError(
-                "LLMEngine runs one sample per request; use LLM.generate (or "
-                "SamplingParams.fan_out)"
-            )
-        ids = self._prompt_ids(prompt)
-        vocab = self.model.config.vocab_size
-        outside = [t for t in params.stop_token_ids if t >= vocab][:4]
-        if outside:
-            message = f"stop_token_ids {outside} are not in [0, {vocab}), the model's vocabulary"
-            raise ValueError(message)
-        # the per-row tensors the sampler will build, checked now
-        SamplingTensors.from_params([params], vocab)
-        request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        req = Request(
-            seq_id=next(self._seq_ids),
-            token_ids=ids,
-            request_id=request_id,
-            params=params,
-            max_tokens=params.output_limit(len(ids), self.max_model_len),
-            prompt=prompt if isinstance(prompt, str) else None,
-            arrival_time=arrival_time or time.perf_counter(),
-            generator=make_generator(params.seed, self.runner.device),
-            stream=TextStream(self.tokenizer, params, self.eos_token_ids, ids),
-        )
-        if params.processes_logits:  # bias ids, bad words, grammar, prompt logprobs
-            from minillm.engine.logits_processor import prepare_request
+    def check_kv_transfer_params(self, params) -> dict:
+        from minillm.engine.kv_transfer import check_kv_transfer_params
 
-            prepare_request(req, self.tokenizer, vocab, self.structured_outputs)
-        if kv_transfer_params is not None:
-            from minillm.engine.kv_transfer import check_kv_transfer_params
+        return check_kv_transfer_params(params, self.kv_connector)
 
-            req.kv_transfer_params = check_kv_transfer_params(kv_transfer_params, self.kv_connector)
-        self.scheduler.check(req)  # refuses a request that could never fit in the pool
-        return req
-
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        "The checked token ids of a prompt given as text or as ids."
-        if isinstance(prompt, str):
-            ids = self.tokenizer(check_text(prompt, "the prompt")).input_ids
-        elif isinstance(prompt, (list, tuple)) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            ids = list(prompt)
-        else:
-            raise ValueError(
-                f"a prompt is a string or a list of token ids, got {type(prompt).__name__}"
-            )
-        vocab = self.model.config.vocab_size
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"token ids must be in [0, {vocab})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(  # vLLM's words, which clients (litellm) recognise
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"your request has {len(ids)} input tokens. Please reduce the length of the "
-                "input messages (one output token must fit)."
-            )
-        return ids
+    def check_fits(self, req: Request):
+        self.scheduler.check(req)
 
     def add_request(
         self,
@@ -473,14 +496,7 @@ class LLMEngine:
     def _detokenize(self, req: Request, tokens: list[int]) -> tuple[list[int], str]:
         """Detokenize the new tokens and check the stop conditions after each; keep the tokens up to
         the first stop (or the length limit) and return them with their text."""
-        kept, delta = [], ""
-        for token in tokens:
-            kept.append(token)
-            last = req.num_output_tokens + len(kept) >= req.max_tokens
-            delta += req.stream.append(token, last=last)
-            if req.stream.finished:
-                break
-        return kept, delta
+        return req.stream.extend(tokens, req.max_tokens - req.num_output_tokens)
 
     def _keep(self, req: Request, kept: list[int]):
         """Chapter 12b: keep the logprobs of the tokens kept, and move the request's grammar past

@@ -80,7 +80,7 @@ def build_app(
 
     app = FastAPI(title="minillm", version="0.1.0", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.limits = aeng, ctx.metrics, limits
-    ctx.metrics.on_step(aeng.engine, [])
+    ctx.metrics.on_step(aeng.stats, [])
     _add_error_handlers(app, ctx.metrics)
     apis = add_completion_routes(app, ctx)
     apis["input"] = (EmbeddingRequest, add_embedding_routes(app, ctx, pooler))
@@ -158,14 +158,22 @@ def serve(
     limits: ServerLimits | None = None,
     protect_metrics: bool = False,
     api_options: dict | None = None,
+    engine_process: bool = False,
     **engine_kwargs,
 ):
     """Load a model and serve it over the OpenAI API until interrupted; `api_options`:
-    build_app's tool, chat template, pooling, tokenizer-info and root path settings."""
+    build_app's tool, chat template, pooling, tokenizer-info and root path settings;
+    `engine_process`: the engine core in a process of its own (chapter 17)."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
-    aeng = AsyncEngine(config=EngineConfig(**engine_kwargs))
+    config = EngineConfig(**engine_kwargs)
+    if engine_process:
+        from minillm.server.engine_client import EngineCoreClient
+
+        aeng = EngineCoreClient(config, log_level=log_level)
+    else:
+        aeng = AsyncEngine(config=config)
     options = api_options or {}
     app = build_app(aeng, served_model_name, api_key, limits, protect_metrics, **options)
     print(

@@ -24,6 +24,7 @@ from typing import AsyncIterator
 
 from ..core.request import Request
 from ..engine.llm_engine import EngineConfig, EngineDeadError, LLMEngine, RequestOutput
+from ..engine.stats import EngineStats, engine_stats
 
 logger = logging.getLogger("minillm")
 
@@ -66,7 +67,7 @@ class AsyncEngine:
         on_abort=None,
     ):
         self.engine = engine
-        self.on_step = on_step  # on_step(engine, outputs), on the engine thread
+        self.on_step = on_step  # on_step(stats, outputs), on the engine thread
         self.on_abort = on_abort  # on_abort(), on the engine thread, per aborted request
         self.error: BaseException | None = None  # why the thread stopped
         self.num_queued = 0  # requests submitted that have not started (event loop)
@@ -89,6 +90,11 @@ class AsyncEngine:
         return self.error is None and self._thread.is_alive()
 
     @property
+    def stats(self) -> EngineStats:
+        "The engine's load and running totals (read between its steps, from any thread)."
+        return engine_stats(self.engine)
+
+    @property
     def num_sinks(self) -> int:
         "Engine requests whose outputs are still awaited (0 when the server is idle)."
         return len(self._sinks)
@@ -108,7 +114,7 @@ class AsyncEngine:
                 outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
                 self._deliver(outputs)
                 if self.on_step:
-                    self.on_step(self.engine, outputs)
+                    self.on_step(self.stats, outputs)
         except BaseException as e:
             logger.critical("the engine thread died", exc_info=e)
             self.error = EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}")
@@ -138,9 +144,9 @@ class AsyncEngine:
                     self._sinks.pop(req.request_id)
                     sink.put((index, e))
         elif kind == "call":  # a function of the engine, run between steps (flush_cache)
-            for fn, done in items:
+            for fn, args, done in items:
                 try:
-                    done.set_result(fn(self.engine))
+                    done.set_result(fn(self.engine, *args))
                 except Exception as e:
                     done.set_exception(e)
         elif kind == "abort":
@@ -154,10 +160,10 @@ class AsyncEngine:
         step, not one an output (chapter 17 measures the difference on the engine's thread)."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for out in outputs:
-            if (target := self._sinks.get(out.request_id)) is None:
+            rid = out.request_id
+            target = self._sinks.pop(rid, None) if out.finished else self._sinks.get(rid)
+            if target is None:
                 continue
-            if out.finished:
-                del self._sinks[out.request_id]
             sink, index = target
             failed = RequestRefused if out.bad_request else RequestFailed
             item = (index, out if out.error is None else failed(out.error))
@@ -177,7 +183,7 @@ class AsyncEngine:
                 return
             for req, sink, index in items if kind == "add" else ():
                 sink.put((index, error))
-            for fn, done in items if kind == "call" else ():
+            for *_, done in items if kind == "call" else ():
                 done.set_exception(error)
 
     def _send(self, kind: str, items: list) -> bool:
@@ -197,11 +203,12 @@ class AsyncEngine:
         if not self.alive:
             raise self._dead()
 
-    async def call(self, fn):
-        "`fn(engine)` on the engine thread, between two steps: its result, or its exception."
+    async def call(self, fn, *args):
+        """`fn(engine, *args)` where the engine runs, between two steps: its result, or its
+        exception (chapter 17's engine core in its own process needs `fn` defined in a module)."""
         self._check_alive()
         done = concurrent.futures.Future()
-        if not self._send("call", [(fn, done)]):
+        if not self._send("call", [(fn, args, done)]):
             raise self._dead()
         return await asyncio.wrap_future(done)
 

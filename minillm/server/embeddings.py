@@ -10,6 +10,7 @@ __all__ = [
     "EmbeddingRequest",
     "embed",
     "encoded",
+    "embed_on",
     "serve_embeddings",
     "add_embedding_routes",
 ]
@@ -119,13 +120,18 @@ def encoded(v: torch.Tensor, body: EmbeddingRequest) -> list[float] | str:
     return base64.b64encode((raw if order == sys.byteorder else raw.byteswap()).tobytes()).decode()
 
 
+def embed_on(engine, lists: list[list[int]], pooling: str, normalize: bool) -> list:
+    "`embed` with the engine's model, where the engine runs (between two steps)."
+    return embed(engine.model, lists, pooling, normalize)
+
+
 async def serve_embeddings(aeng, body: EmbeddingRequest, pooler: PoolerConfig, name, limits, pool):
     """POST /v1/embeddings: tokenized in the server's `pool` of threads, pooled on the engine's
     thread between two steps (`AsyncEngine.call`), answered in OpenAI's shape."""
     engine = aeng.engine
     if engine.config.tensor_parallel_size > 1:
         raise APIError(400, "embeddings need --tensor-parallel-size 1", param="input")
-    config = engine.model.config
+    config = engine.model_config
     hidden = config.hidden_size
     if body.dimensions not in (None, hidden):
         message = f"dimensions: this model's embeddings have {hidden} and cannot be shortened"
@@ -133,7 +139,7 @@ async def serve_embeddings(aeng, body: EmbeddingRequest, pooler: PoolerConfig, n
     normalize = body.unit_length(pooler)
     args = engine.tokenizer, config.vocab_size, engine.max_model_len, limits.max_prompts
     lists = await asyncio.get_running_loop().run_in_executor(pool, body.token_lists, *args)
-    vectors = await aeng.call(lambda e: embed(e.model, lists, pooler.pooling_type, normalize))
+    vectors = await aeng.call(embed_on, lists, pooler.pooling_type, normalize)
     data = [
         {"index": i, "object": "embedding", "embedding": encoded(v, body)}
         for i, v in enumerate(vectors)

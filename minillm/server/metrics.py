@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import Metric
 
 from ..engine.llm_engine import LLMEngine, RequestOutput
+from ..engine.stats import EngineStats
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100)  # preemptions of a request, its n
@@ -232,37 +233,35 @@ class ServerMetrics:
 
     def describe_cache(self, engine: LLMEngine):
         "Publish the KV cache's configuration (vLLM's cache_config_info)."
-        bm = engine.block_manager
-        size = bm.num_blocks * bm.block_size
+        block_size, num_blocks = engine.config.block_size, engine.config.num_kv_blocks
+        size = num_blocks * block_size
         concurrency = f"{size / engine.max_model_len:.2f}"  # full-length requests that fit
-        self.cache_config.labels(bm.block_size, bm.num_blocks, size, concurrency).set(1)
+        self.cache_config.labels(block_size, num_blocks, size, concurrency).set(1)
 
     def observe_admitted(self, n: int, max_tokens: int):
         "A request the server admitted: its n and its output limit (after the context's cap)."
         self.per_request["params_n"].observe(n)
         self.per_request["params_max_tokens"].observe(max_tokens)
 
-    def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]):
-        "Called by the engine thread after every step (and after applying commands)."
-        bm, sched = engine.block_manager, engine.scheduler
-        self.running.set(len(sched.running))
-        self.waiting.set(len(sched.waiting))
-        self.kv_usage.set(bm.usage)
-        self.free_blocks.set(bm.num_free_blocks)
-        self.total_blocks.set(bm.num_blocks)
-        self.hit_rate.set(bm.hit_rate)
-        self._advance(self.cache_queries, bm.queries)
-        self._advance(self.cache_hits, bm.hits)
-        self._advance(self.draft_tokens, sched.num_draft_tokens)
-        self._advance(self.accepted_tokens, sched.num_accepted_tokens)
-        self._advance(self.preemptions, sched.num_preemptions)
-        if engine.kv_connector is not None:
-            self._count_transfers(engine.kv_connector.stats())
-            self.kv_peer.set(int(engine.kv_connector.peer_alive))
-        pending = engine.kv_connector.num_pending if engine.kv_connector is not None else 0
-        self.waiting_by_reason.labels("capacity").set(len(sched.waiting))
-        self.waiting_by_reason.labels("deferred").set(pending)
-        step = engine.last_iteration
+    def on_step(self, stats: EngineStats, outputs: list[RequestOutput]):
+        "Called after every step (and after applying commands) with the engine's stats then."
+        self.running.set(stats.running)
+        self.waiting.set(stats.waiting)
+        self.kv_usage.set(stats.kv_usage)
+        self.free_blocks.set(stats.free_blocks)
+        self.total_blocks.set(stats.total_blocks)
+        self.hit_rate.set(stats.hit_rate)
+        self._advance(self.cache_queries, stats.cache_queries)
+        self._advance(self.cache_hits, stats.cache_hits)
+        self._advance(self.draft_tokens, stats.draft_tokens)
+        self._advance(self.accepted_tokens, stats.accepted_tokens)
+        self._advance(self.preemptions, stats.preemptions)
+        if stats.kv_transfers is not None:
+            self._count_transfers(stats.kv_transfers)
+            self.kv_peer.set(int(stats.kv_peer_alive))
+        self.waiting_by_reason.labels("capacity").set(stats.waiting)
+        self.waiting_by_reason.labels("deferred").set(stats.deferred)
+        step = stats.iteration
         if step.index > self._iteration:
             self._iteration = step.index
             self.iteration_tokens.observe(step.num_prompt_tokens + step.num_generation_tokens)

@@ -234,9 +234,10 @@ def load_report(aeng: AsyncEngine, fmt: str) -> dict:
     fmt = fmt.upper()
     if fmt not in ("TEXT", "JSON"):
         return {}
-    waiting = len(aeng.engine.scheduler.waiting) + aeng.num_queued
+    stats = aeng.stats
+    waiting = stats.waiting + aeng.num_queued
     named = {
-        "kv_cache_usage_perc": aeng.engine.block_manager.usage,
+        "kv_cache_usage_perc": stats.kv_usage,
         "num_requests_waiting": waiting,
     }
     if fmt == "JSON":

@@ -65,7 +65,7 @@ def add_tokenize_routes(app: FastAPI, ctx: ServerContext, tokenizer_info: bool =
     async def detokenize(body: DetokenizeRequest, raw: HTTPRequest):
         ctx.checked(raw, body.model)
         check_extra_fields(body.model_extra or {})
-        vocab = ctx.aeng.engine.model.config.vocab_size
+        vocab = ctx.aeng.engine.vocab_size
         if not all(0 <= t < vocab for t in body.tokens):
             raise APIError(400, f"tokens must be in [0, {vocab}), the vocabulary", param="tokens")
         loop = asyncio.get_running_loop()
