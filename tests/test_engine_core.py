@@ -169,3 +169,39 @@ def test_logprobs_and_grammars_cross_the_pipe_as_on_a_thread(client, tiny):
     with pytest.raises(ValueError):  # a grammar that does not compile: refused before it is sent
         bad = GuidedDecodingParams(regex="(unclosed")
         client.engine.make_request([5, 6], SamplingParams(max_tokens=4, guided_decoding=bad))
+
+
+EXITS_WITHOUT_SHUTDOWN = """
+import sys
+from minillm.engine.llm_engine import EngineConfig
+from minillm.server.engine_client import EngineCoreClient
+
+if __name__ == "__main__":
+    client = EngineCoreClient(EngineConfig(model=sys.argv[1], dtype="float32"))
+    print(client.process.pid, flush=True)
+    raise SystemExit("a program that fails before it shuts the client down")
+"""
+
+
+def test_a_program_that_never_shuts_the_core_down_still_exits(tiny, tmp_path):
+    "The core is a daemon: the program's exit ends it, and the program does not wait on it."
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS_WITHOUT_SHUTDOWN)
+    done = subprocess.run(
+        [sys.executable, str(script), tiny], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1 and "fails before" in done.stderr
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}"), "the engine core outlived its program"
+
+
+def test_tensor_parallelism_is_refused_by_name(tiny):
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        EngineCoreClient(EngineConfig(model=tiny, dtype="float32", tensor_parallel_size=2))

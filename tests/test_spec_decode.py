@@ -12,6 +12,7 @@ from helpers import assert_equal_except_near_ties
 from minillm.attention.input_batch import SampleRows
 from minillm.core.block_manager import Sequence
 from minillm.engine.sampler import SamplerOutput
+from minillm.engine.stats import engine_stats
 from minillm.llm import LLM
 from minillm.sampling import SamplingParams
 from minillm.server.metrics import ServerMetrics
@@ -193,11 +194,16 @@ def test_abort_and_metrics(random_llama):
     engine, metrics = llm.engine, ServerMetrics()
     for i, p in enumerate(prompts(4)):
         engine.add_request(p, GREEDY, request_id=str(i))
+
+    def step():
+        outputs = engine.step()
+        metrics.on_step(engine_stats(engine), outputs)
+
     for _ in range(6):
-        metrics.on_step(engine, engine.step())
+        step()
     engine.abort_request("0")
     while engine.has_unfinished_requests():
-        metrics.on_step(engine, engine.step())
+        step()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     text = metrics.render().decode()
     drafts = engine.scheduler.num_draft_tokens

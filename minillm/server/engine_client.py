@@ -31,6 +31,12 @@ class EngineCoreClient(AsyncEngine):
     (`OutputProcessor`) and hands the outputs to the event loops, as AsyncEngine's does."""
 
     def __init__(self, config: EngineConfig, on_step=None, on_abort=None, log_level="WARNING"):
+        if config.tensor_parallel_size > 1:
+            raise ValueError(
+                "the engine core in its own process is a daemon, and a daemon process cannot "
+                "start chapter 11's tensor-parallel workers: serve tensor_parallel_size > 1 "
+                "without --engine-process"
+            )
         self.log_level, self.output = log_level, OutputProcessor()
         self._latest = EngineStats()
         self._calls: dict[int, concurrent.futures.Future] = {}
@@ -93,11 +99,12 @@ class EngineCoreClient(AsyncEngine):
         mp = multiprocessing.get_context("spawn")
         core_commands, self._to_core = mp.Pipe(duplex=False)  # (reader, writer)
         self._from_core, core_results = mp.Pipe(duplex=False)
-        # not a daemon: the core may start processes of its own (chapter 11's workers)
+        # a daemon: stopped when this process exits, even if shutdown() was never called
         self.process = mp.Process(
             target=run_engine_core,
             args=(config, core_commands, core_results, self.log_level),
             name="minillm-engine-core",
+            daemon=True,
         )
         self.process.start()
         atexit.register(self.shutdown)
