@@ -4781,6 +4781,10 @@ d = {
                 "serving.html#asyncengine._check_alive",
                 "minillm/server/async_engine.py",
             ),
+            "minillm.server.async_engine.AsyncEngine._close": (
+                "serving.html#asyncengine._close",
+                "minillm/server/async_engine.py",
+            ),
             "minillm.server.async_engine.AsyncEngine._dead": (
                 "serving.html#asyncengine._dead",
                 "minillm/server/async_engine.py",
@@ -4799,6 +4803,14 @@ d = {
             ),
             "minillm.server.async_engine.AsyncEngine._send": (
                 "serving.html#asyncengine._send",
+                "minillm/server/async_engine.py",
+            ),
+            "minillm.server.async_engine.AsyncEngine._serve": (
+                "serving.html#asyncengine._serve",
+                "minillm/server/async_engine.py",
+            ),
+            "minillm.server.async_engine.AsyncEngine._start": (
+                "serving.html#asyncengine._start",
                 "minillm/server/async_engine.py",
             ),
             "minillm.server.async_engine.AsyncEngine.alive": (
@@ -4961,6 +4973,10 @@ d = {
                 "engine_loop.html#enginecoreclient.__init__",
                 "minillm/server/engine_client.py",
             ),
+            "minillm.server.engine_client.EngineCoreClient._close": (
+                "engine_loop.html#enginecoreclient._close",
+                "minillm/server/engine_client.py",
+            ),
             "minillm.server.engine_client.EngineCoreClient._fail_all": (
                 "engine_loop.html#enginecoreclient._fail_all",
                 "minillm/server/engine_client.py",
@@ -4973,16 +4989,16 @@ d = {
                 "engine_loop.html#enginecoreclient._receive",
                 "minillm/server/engine_client.py",
             ),
-            "minillm.server.engine_client.EngineCoreClient._run": (
-                "engine_loop.html#enginecoreclient._run",
-                "minillm/server/engine_client.py",
-            ),
             "minillm.server.engine_client.EngineCoreClient._send": (
                 "engine_loop.html#enginecoreclient._send",
                 "minillm/server/engine_client.py",
             ),
             "minillm.server.engine_client.EngineCoreClient._send_core": (
                 "engine_loop.html#enginecoreclient._send_core",
+                "minillm/server/engine_client.py",
+            ),
+            "minillm.server.engine_client.EngineCoreClient._serve": (
+                "engine_loop.html#enginecoreclient._serve",
                 "minillm/server/engine_client.py",
             ),
             "minillm.server.engine_client.EngineCoreClient._start": (

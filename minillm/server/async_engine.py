@@ -100,28 +100,43 @@ class AsyncEngine:
         return len(self._sinks)
 
     def _run(self, config: EngineConfig | None):
+        "The thread: start the engine, serve until stopped, then fail whatever still waits."
         try:
-            if self.engine is None:
-                self.engine = LLMEngine(config)
+            self._start(config)
         except BaseException as e:
             self.error = e
             return
         finally:
             self._ready.set()
         try:
-            while not self._stopped:
-                self._apply_commands(block=not self.engine.has_unfinished_requests())
-                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
-                self._deliver(outputs)
-                if self.on_step:
-                    self.on_step(self.stats, outputs)
+            self._serve()
         except BaseException as e:
-            logger.critical("the engine thread died", exc_info=e)
-            self.error = EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}")
+            logger.critical("the engine stopped", exc_info=e)
+            dead = isinstance(e, EngineDeadError)
+            self.error = (
+                e if dead else EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}")
+            )
         finally:
             with self._lock:
                 self._closed = True
+                self._close()
             self._fail_all(self.error or EngineDeadError("the server is shutting down"))
+
+    def _start(self, config: EngineConfig | None):
+        if self.engine is None:
+            self.engine = LLMEngine(config)
+
+    def _serve(self):
+        "Apply the commands, step, deliver the outputs, until stopped."
+        while not self._stopped:
+            self._apply_commands(block=not self.engine.has_unfinished_requests())
+            outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+            self._deliver(outputs)
+            if self.on_step:
+                self.on_step(self.stats, outputs)
+
+    def _close(self):
+        "Under the lock, as the thread stops: no command is queued after this (a hook)."
 
     def _apply_commands(self, block: bool):
         "Apply every queued command; when the engine is idle, wait a little for the first one."

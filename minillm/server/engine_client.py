@@ -52,26 +52,13 @@ class EngineCoreClient(AsyncEngine):
         "The engine's stats after its newest step (sent with the step's outputs)."
         return self._latest
 
-    def _run(self, config: EngineConfig):
-        "Start the core, then read what it sends until it stops."
-        try:
-            self._start(config)
-        except BaseException as e:
-            self.error = e
-            return
-        finally:
-            self._ready.set()
-        try:
-            while self._receive(self._next_message()):
-                pass
-        except BaseException as e:
-            logger.critical("the engine core stopped", exc_info=e)
-            self.error = e if isinstance(e, EngineDeadError) else EngineDeadError(str(e))
-        finally:
-            with self._lock:
-                self._closed = True
-                self._outbox.put(None)  # the writer's last item
-            self._fail_all(self.error or EngineDeadError("the server is shutting down"))
+    def _serve(self):
+        "Read what the core sends until it stops (AsyncEngine._run starts it and ends it)."
+        while self._receive(self._next_message()):
+            pass
+
+    def _close(self):
+        self._outbox.put(None)  # the writer's last item
 
     def _next_message(self) -> tuple:
         "The core's next message; ('stopped',) once it has exited as told. Raises if it died."
