@@ -291,6 +291,16 @@ def test_bad_bytes_and_paths_get_openai_errors(hostile_server):
             data[:20],
             r.text[:200],
         )
+    # earlier tool calls of any shape (the fuzzer's find: a bool once reached the prompt's code)
+    for message in [
+        {"role": "assistant", "content": None, "tool_calls": True},
+        {"role": "assistant", "content": None, "tool_calls": [5]},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": 5}]},
+        {"role": "tool", "content": "4", "tool_call_id": 5},
+    ]:
+        body = {"messages": [{"role": "user", "content": "hi"}, message], "max_tokens": 2}
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == 400, (message, r.text[:200])
     r = httpx.get(f"{base}/v1/completions", headers=AUTH)
     assert r.status_code == 405 and "error" in r.json()
     r = httpx.post(f"{base}/v1/completions", content=b"x" * (5 * 2**20), headers=AUTH, timeout=60)

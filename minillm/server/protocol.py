@@ -273,6 +273,11 @@ class ChatMessage(BaseModel):
     role: str = Field(min_length=1, max_length=64)  # a custom role is the template's to render
     # the bound is on the parts of a list; a string's length is `checked_text`'s to judge
     content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_PARTS)] | None = None
+    # an assistant's earlier tool calls (OpenAI's [{id, type, function: {name, arguments}}]) and a
+    # tool result's call id and name (chapter 12b): their shapes checked here, passed on as sent
+    tool_calls: Annotated[list[dict[str, Any]], Field(max_length=MAX_PARTS)] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
+    name: str | None = Field(default=None, max_length=256)
 
     def as_dict(self, parts: bool = False) -> dict:
         """The message as a chat template expects it ('developer' is the newer name of 'system');
@@ -281,10 +286,10 @@ class ChatMessage(BaseModel):
         text = self.text()  # checks every part
         listed = parts and isinstance(self.content, list)
         message = {"role": role, "content": [dict(p) for p in self.content] if listed else text}
-        extra = self.model_extra or {}
         for key in ("tool_calls", "tool_call_id", "name"):  # earlier tool calls and their results
-            if extra.get(key) is not None:
-                message[key] = extra[key]
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        extra = self.model_extra or {}
         reasoning = extra.get("reasoning_content", extra.get("reasoning"))  # a reasoning answer's
         if reasoning is not None:  # thinking, which Qwen3's template reads back (or drops)
             message["reasoning_content"] = reasoning
