@@ -1,4 +1,7 @@
+import ctypes
+import gc
 import os
+import sys
 
 import pytest
 import torch
@@ -62,3 +65,28 @@ def random_llama(tmp_path_factory):
         max_position_embeddings=512,
     )
     return path, load_hf_model(path, dtype=torch.float32)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test's fixture values are let go once it has run: pytest keeps every test's arguments
+    (`item.funcargs`) for the whole session, so each module's engines, KV pools and servers stayed
+    alive to the end of a worker's run, 7 GB a worker by the end of `make test` (two of them and
+    their servers near a 24 GB machine's limit). A fixture's own scope still holds its value."""
+    yield
+    item.funcargs.clear()  # before teardown: the last test of a module lets its values go too
+
+
+@pytest.fixture(scope="module", autouse=True)
+def return_memory(request):
+    """What a test module's engines, pools and models held goes back to the system when it ends
+    (glibc keeps the heap pages of freed objects until asked). MINILLM_TEST_RSS=FILE: each
+    module's resident memory after it, a line each."""
+    yield
+    gc.collect()
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if os.environ.get("MINILLM_TEST_RSS"):
+        rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+        with open(os.environ["MINILLM_TEST_RSS"], "a") as f:
+            f.write(f"{request.module.__name__} {rss} MB\n")
