@@ -114,6 +114,10 @@ d = {
                 "engine_loop.html#device_work",
                 "minillm/bench/engine_loop.py",
             ),
+            "minillm.bench.engine_loop.gc_pauses": (
+                "engine_loop.html#gc_pauses",
+                "minillm/bench/engine_loop.py",
+            ),
             "minillm.bench.engine_loop.host_overhead": (
                 "engine_loop.html#host_overhead",
                 "minillm/bench/engine_loop.py",
@@ -124,6 +128,10 @@ d = {
             ),
             "minillm.bench.engine_loop.memory_bandwidth": (
                 "engine_loop.html#memory_bandwidth",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.null_engine": (
+                "engine_loop.html#null_engine",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.null_forward": (
@@ -140,6 +148,10 @@ d = {
             ),
             "minillm.bench.engine_loop.served_against_offline": (
                 "engine_loop.html#served_against_offline",
+                "minillm/bench/engine_loop.py",
+            ),
+            "minillm.bench.engine_loop.start_batch": (
+                "engine_loop.html#start_batch",
                 "minillm/bench/engine_loop.py",
             ),
             "minillm.bench.engine_loop.start_decoding": (
@@ -2394,6 +2406,7 @@ d = {
                 "engine_loop.html#requeststate",
                 "minillm/engine/core.py",
             ),
+            "minillm.engine.core.as_core": ("engine_loop.html#as_core", "minillm/engine/core.py"),
             "minillm.engine.core.largest_fit": (
                 "engine_loop.html#largest_fit",
                 "minillm/engine/core.py",
@@ -2828,10 +2841,6 @@ d = {
                 "engine.html#llmengine.__init__",
                 "minillm/engine/llm_engine.py",
             ),
-            "minillm.engine.llm_engine.LLMEngine._detokenize": (
-                "engine.html#llmengine._detokenize",
-                "minillm/engine/llm_engine.py",
-            ),
             "minillm.engine.llm_engine.LLMEngine._emit": (
                 "engine.html#llmengine._emit",
                 "minillm/engine/llm_engine.py",
@@ -2910,6 +2919,10 @@ d = {
             ),
             "minillm.engine.llm_engine.RequestOutput.token_ids": (
                 "engine.html#requestoutput.token_ids",
+                "minillm/engine/llm_engine.py",
+            ),
+            "minillm.engine.llm_engine.freeze_gc_heap": (
+                "engine.html#freeze_gc_heap",
                 "minillm/engine/llm_engine.py",
             ),
             "minillm.engine.llm_engine.model_name": (
@@ -3135,6 +3148,10 @@ d = {
             ),
             "minillm.engine.sampler.Sampler.draw": (
                 "model_runner.html#sampler.draw",
+                "minillm/engine/sampler.py",
+            ),
+            "minillm.engine.sampler.Sampler.tensors": (
+                "model_runner.html#sampler.tensors",
                 "minillm/engine/sampler.py",
             ),
             "minillm.engine.sampler.SamplerOutput": (

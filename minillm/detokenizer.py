@@ -63,6 +63,8 @@ class TextStream:
                 self._find_stop_string(len(delta))
         if last and not self.finished:
             self.finish_reason = "length"
+        if not self.text:  # no text yet (none at all without a tokenizer)
+            return ""
         end = len(self.text) if self.finished else max(self.sent, len(self.text) - self.hold)
         delta, self.sent = self.text[self.sent : end], end
         return delta
@@ -70,6 +72,8 @@ class TextStream:
     def extend(self, tokens: list[int], room: int) -> tuple[list[int], str]:
         """Append `tokens` until a stop; `room`: how many more the request may make. The tokens
         kept (up to and with the one that stopped it) and their text."""
+        if len(tokens) == 1:  # a step's one token (a decode's): no list made
+            return tokens, self.append(tokens[0], last=room <= 1)
         kept, delta = [], ""
         for token in tokens:
             kept.append(token)

@@ -81,8 +81,10 @@ def pytest_runtest_call(item):
 def return_memory(request):
     """What a test module's engines, pools and models held goes back to the system when it ends
     (glibc keeps the heap pages of freed objects until asked). MINILLM_TEST_RSS=FILE: each
-    module's resident memory after it, a line each."""
+    module's resident memory after it, a line each. An engine freezes the heap it starts with
+    (`freeze_gc_heap`): unfrozen here, so that what the module's engines held can be collected."""
     yield
+    gc.unfreeze()
     gc.collect()
     if sys.platform == "linux":
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -62,17 +62,23 @@ def build_flat_batch(
     ends = [a + n for a, n in zip(starts, num_new_tokens)]
     drafts = [max(0, e - len(s.token_ids)) for s, e in zip(seqs, ends)]
     check_allocated(seqs, num_new_tokens, ends, drafts, block_size)
+    cu = [0, *itertools.accumulate(num_new_tokens)]
+    one_each = cu[-1] == len(seqs)  # one new token each (none has fewer): a decode step
     if any(drafts):
         ids = [t for s, a, e, d in zip(seqs, starts, ends, drafts) for t in draft_ids(s, a, e, d)]
-    else:  # the common step: no slices joined
+    elif one_each:  # the common step: a token each, no slices
+        ids = [s.token_ids[a] for s, a in zip(seqs, starts)]
+    else:
         ids = [t for s, a, e in zip(seqs, starts, ends) for t in s.token_ids[a:e]]
-    cu = [0, *itertools.accumulate(num_new_tokens)]
     logits_at, num_logits = logits_rows(cu, drafts, all_logits)
     # each token's sequence and position, and its slot in each group: tensor operations
-    counts = host_tensor(num_new_tokens)
-    owner = torch.repeat_interleave(torch.arange(len(seqs)), counts, output_size=cu[-1])
-    offsets = host_tensor(starts) - host_tensor(cu[:-1])
-    positions = torch.arange(cu[-1]) + offsets.repeat_interleave(counts, output_size=cu[-1])
+    if one_each:
+        owner, positions = torch.arange(len(seqs)), host_tensor(starts)
+    else:
+        counts = host_tensor(num_new_tokens)
+        owner = torch.repeat_interleave(torch.arange(len(seqs)), counts, output_size=cu[-1])
+        offsets = host_tensor(starts) - host_tensor(cu[:-1])
+        positions = torch.arange(cu[-1]) + offsets.repeat_interleave(counts, output_size=cu[-1])
     if tables is None:
         lists = [[s.block_table for s in seqs]]
         lists += [[s.group_tables[g] for s in seqs] for g in range(len(seqs[0].group_tables))]
@@ -160,6 +166,12 @@ class SampleRows:
     @classmethod
     def of(cls, seqs: list, rows: list[int], num_logits: list[int]) -> "SampleRows":
         "The rows of `seqs[i]` for each i in `rows`, from each sequence's number of rows."
+        n = len(seqs)
+        if len(rows) == n and num_logits.count(1) == n and not any(s.spec_token_ids for s in seqs):
+            # the common step: each sequence samples from its one row
+            return cls(
+                list(seqs), list(range(n)), [range(i, i + 1) for i in range(n)], list(range(n))
+            )
         ends = list(itertools.accumulate(num_logits))
         widths = [1 + len(seqs[i].spec_token_ids) for i in rows]  # its last row, and drafts'
         firsts = [0, *itertools.accumulate(widths)]

@@ -13,7 +13,10 @@ __all__ = [
     "null_forward",
     "timed_phases",
     "HostOverhead",
+    "null_engine",
+    "start_batch",
     "host_overhead",
+    "gc_pauses",
     "kernel_kind",
     "device_work",
     "start_decoding",
@@ -23,6 +26,7 @@ __all__ = [
 ]
 
 # %% ../../nbs/17_engine_loop.ipynb #c17005
+import gc
 import statistics
 import tempfile
 import time
@@ -134,27 +138,24 @@ class HostOverhead:
         )
 
 
-def host_overhead(
+def null_engine(
     batch: int,
-    steps: int = 32,
-    repeats: int = 5,
+    max_tokens: int,
     prompt_len: int = 64,
     vocab_size: int = 49152,
     detokenize: bool = True,
-) -> HostOverhead:
-    """The engine's own work per decode step with `batch` sequences running (scheduling, input
-    tensors, block tables, sampling, reading tokens, detokenizing, updating requests), its forward
-    made free (`null_forward`): the median over `repeats` runs of the mean step of `steps`, and
-    of each phase's share (the rest: what no phase holds, the step's own loop). `detokenize=False`:
-    the step as an engine core in its own process runs it, its text made beside it."""
+):
+    """An engine for decode steps of `batch` sequences of `prompt_len` tokens and up to `max_tokens`
+    more: a one-layer model in the default model's shape and vocabulary, dummy weights, its forward
+    made free (`null_forward`). `detokenize=False`: as an engine core in its own process runs it
+    (`as_core`), its text made beside it."""
     from minillm.bench.random_models import random_model_dir
     from minillm.llm import LLM
-    from minillm.sampling import SamplingParams
 
     shape = dict(num_hidden_layers=1, vocab_size=vocab_size)
     with tempfile.TemporaryDirectory() as d:
         path = random_model_dir(d, "SmolLM2-135M", weights=False, **shape)
-        blocks = batch * ((prompt_len + steps) // 16 + 2)
+        blocks = batch * ((prompt_len + max_tokens) // 16 + 2)
         llm = LLM(
             str(path),
             load_format="dummy",
@@ -165,16 +166,42 @@ def host_overhead(
             enforce_eager=torch.cuda.is_available(),  # no captured step replaces the free one
         )
     engine = llm.engine
-    engine.detokenize = detokenize
+    if not detokenize:
+        from minillm.engine.core import as_core
+
+        as_core(engine)
     null_forward(engine.runner)
+    return engine
+
+
+def start_batch(engine, batch: int, max_tokens: int, prompt_len: int = 64, seed: int = 0):
+    "`batch` requests of `prompt_len` tokens, greedy, `max_tokens` each, their prompts computed."
+    from minillm.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request([(i * 31 + j + seed) % 1000 + 2 for j in range(prompt_len)], params)
+    engine.step()  # every prompt at once: the decode steps follow
+
+
+def host_overhead(
+    batch: int,
+    steps: int = 32,
+    repeats: int = 5,
+    prompt_len: int = 64,
+    vocab_size: int = 49152,
+    detokenize: bool = True,
+) -> HostOverhead:
+    """The engine's own work per decode step with `batch` sequences running (scheduling, input
+    tensors, block tables, sampling, reading tokens, detokenizing, updating requests), its forward
+    made free (`null_engine`): the median over `repeats` runs of the mean step of `steps`, and
+    of each phase's share (the rest: what no phase holds, the step's own loop). `detokenize=False`:
+    the step as an engine core in its own process runs it (`as_core`), its text made beside it."""
+    engine = null_engine(batch, steps + 1, prompt_len, vocab_size, detokenize)
     spent = timed_phases(engine)
-    params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
     times, shares = [], {name: [] for name in [*spent, "the rest"]}
     for r in range(repeats):
-        prompts = [[(i * 31 + j + r) % 1000 + 2 for j in range(prompt_len)] for i in range(batch)]
-        for p in prompts:
-            engine.add_request(p, params)
-        engine.step()  # every prompt at once: the decode steps follow
+        start_batch(engine, batch, steps + 1, prompt_len, seed=r)
         for ts in spent.values():
             ts.clear()
         t = time.perf_counter()
@@ -188,6 +215,26 @@ def host_overhead(
             engine.step()
     phases = {name: statistics.median(ms) for name, ms in shares.items()}
     return HostOverhead(batch, statistics.median(times), min(times), max(times), phases)
+
+
+def gc_pauses(engine, steps: int) -> dict[int, list[float]]:
+    """Python's garbage collections while `engine` runs `steps` steps: the pause of each, in ms,
+    by generation (2: a full collection, which walks every object the collector tracks)."""
+    pauses, started = {0: [], 1: [], 2: []}, [0.0]
+
+    def watch(phase: str, info: dict):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses[info["generation"]].append((time.perf_counter() - started[0]) * 1e3)
+
+    gc.callbacks.append(watch)
+    try:
+        for _ in range(steps):
+            engine.step()
+    finally:
+        gc.callbacks.remove(watch)
+    return pauses
 
 
 # %% ../../nbs/17_engine_loop.ipynb #c17061

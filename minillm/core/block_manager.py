@@ -143,11 +143,13 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         "Are there free blocks for `num_new_tokens` more tokens of `seq`?"
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return need <= self.num_free_blocks
+        return need <= 0 or need <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, num_new_tokens: int):
         "Grow `seq`'s block table to hold `num_new_tokens` more tokens."
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need <= 0:  # most decode steps: the last block has room
+            return
         if need > self.num_free_blocks:
             raise RuntimeError(f"out of KV blocks: need {need}, {self.num_free_blocks} free")
         seq.block_table.extend(self._take() for _ in range(need))

@@ -107,7 +107,8 @@ class Scheduler:
         preempted = set()
         decodes_first = sorted(self.running, key=lambda r: r.num_pending_tokens > 1)  # stable
         for req in decodes_first:
-            n = min(req.num_pending_tokens + self._lookahead(req), budget)
+            lookahead = self._lookahead(req) if self.num_speculative_tokens else 0
+            n = min(req.num_pending_tokens + lookahead, budget)
             if req in preempted or n == 0:
                 continue
             if req.num_placeholders and req.num_output_tokens >= req.max_tokens:
@@ -204,9 +205,13 @@ class Scheduler:
         """After the forward pass: append each request's new tokens (none for a prompt chunk, else
         one; with drafts, chapter 12, the accepted drafts and one more), advance its computed tokens
         past what was verified, cache its full blocks."""
+        now = time.perf_counter()
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
-            self._advance(req, n, max(0, len(tokens) - 1))
-            self.append(req, tokens)
+            if req.spec_token_ids:
+                self._advance(req, n, max(0, len(tokens) - 1))
+            else:  # nothing drafted: nothing to count but its tokens
+                req.num_computed_tokens += n
+            self.append(req, tokens, now)
 
     def _advance(self, req: Request, n: int, accepted: int):
         "Count `n` tokens computed for it, of which its rejected drafts' K/V do not count."
@@ -218,10 +223,10 @@ class Scheduler:
         self.num_accepted_tokens += accepted
         req.spec_token_ids = []
 
-    def append(self, req: Request, tokens: list[int]):
-        "A request's new tokens, read back: appended, timed, and its full blocks cached."
+    def append(self, req: Request, tokens: list[int], now: float | None = None):
+        "A request's new tokens, read back (`now`: when): appended, timed, its full blocks cached."
         req.token_ids += tokens
-        req.token_times += [time.perf_counter()] * len(tokens)
+        req.token_times += [now or time.perf_counter()] * len(tokens)
         self.bm.cache_blocks(req)
 
     def update_ahead(self, out: SchedulerOutput, samples: list[bool]):

@@ -8,6 +8,7 @@ __all__ = [
     "logger",
     "wire_request",
     "wire_output",
+    "as_core",
     "RequestState",
     "OutputProcessor",
     "largest_fit",
@@ -41,31 +42,42 @@ def wire_request(req: Request) -> tuple:
     )
 
 
-def wire_output(o: RequestOutput) -> tuple:
-    """A step's output as the core sends it (vLLM's EngineCoreOutput): the new token ids and what
-    changed, no text; the new tokens' times, not the request's whole list."""
-    new = len(o.delta_token_ids)
+def wire_output(req: Request, delta_text: str = "", delta_ids=()) -> tuple:
+    """A request's output of one step as the core sends it (vLLM's EngineCoreOutput), made in
+    `request_output`'s place (`as_core`): the new token ids and what changed, no text; the new
+    tokens' times, not the request's whole list."""
+    new, done, state = len(delta_ids), req.finished, req.processing
+    first = req.num_output_tokens == new  # its first output
+    logprobs = state.logprobs if state else None
     counts = (
-        o.num_cached_tokens,
-        o.first_scheduled_time,
-        o.num_preemptions,
-        o.num_draft_tokens,
-        o.num_accepted_tokens,
+        req.num_cached_tokens,
+        req.first_scheduled_time,
+        req.num_preemptions,
+        req.num_draft_tokens,
+        req.num_accepted_tokens,
     )
     return (
-        o.request_id,
-        o.delta_token_ids,
-        o.token_times[len(o.token_times) - new :] if new else [],
-        o.finished,
-        o.finish_reason,
-        o.outputs[0].stop_reason,
-        o.error,
-        o.bad_request,
-        o.first_output,
+        req.request_id,
+        list(delta_ids),
+        req.token_times[len(req.token_times) - new :] if new else [],
+        done,
+        req.finish_reason,
+        req.stream.stop_reason,
+        req.error,
+        req.bad_request,
+        first,
         counts,
-        o.delta_logprobs or None,
-        o.prompt_logprobs if o.first_output or o.finished else None,
+        logprobs[len(logprobs) - new :] if logprobs and new else None,
+        state.prompt_logprobs if state and (first or done) else None,
     )
+
+
+def as_core(engine: LLMEngine) -> LLMEngine:
+    """`engine` made an engine core: no text (its requests' TextStreams get no tokenizer), and each
+    step's outputs are `wire_output` tuples, no RequestOutput made."""
+    engine.detokenize = False
+    engine.make_output = wire_output
+    return engine
 
 
 @dataclass(eq=False)
@@ -229,8 +241,7 @@ class EngineCore:
                     return
                 continue
             has_work = self.engine.has_unfinished_requests() and not self.stopping
-            outputs = self.engine.step() if has_work else []
-            wires = [wire_output(o) for o in outputs]
+            wires = self.engine.step() if has_work else []  # an `as_core` engine's outputs
             self.results.send(("step", wires, engine_stats(self.engine), self.aborted))
             self.aborted = 0
 
@@ -270,8 +281,7 @@ def run_engine_core(config, commands, results, log_level: str = "WARNING"):
     "The engine core's process: build the engine, say what the frontend needs, then run."
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
     try:
-        engine = LLMEngine(config)
-        engine.detokenize = False  # its text is made beside it
+        engine = as_core(LLMEngine(config))  # its text is made beside it
         results.send(("ready", CoreInputs.facts(engine)))
     except BaseException as e:
         results.send(("failed", isinstance(e, ValueError), f"{type(e).__name__}: {e}"))

@@ -12,12 +12,14 @@ __all__ = [
     "model_name",
     "IterationStats",
     "stop_all",
+    "freeze_gc_heap",
     "InputProcessor",
     "LLMEngine",
 ]
 
 # %% ../../nbs/07b_engine.ipynb #72c5d32a
 import dataclasses
+import gc
 import itertools
 import logging
 import re
@@ -189,6 +191,17 @@ def stop_all(stops: list):
         stops.pop()()
 
 
+def freeze_gc_heap():
+    """Collect once, then keep every object alive now out of later collections (vLLM's
+    `freeze_gc_heap`): a started engine's model, tokenizer and block records are hundreds of
+    thousands of objects that each full collection would walk again, a pause of a step's time many
+    times over (chapter 17 measures it). What an earlier engine's heap left frozen is unfrozen and
+    collected first."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
 class InputProcessor:
     """A prompt and its parameters checked, and made into a Request: the engine's own, and (chapter
     17) the server's beside an engine core in another process. The subclass sets `tokenizer`,
@@ -280,6 +293,9 @@ class InputProcessor:
 class LLMEngine(InputProcessor):
     "The inference loop: requests in, one scheduled forward pass per step, tokens out."
 
+    # a request's output of one step; chapter 17's engine core sends its ids alone (`wire_output`)
+    make_output = staticmethod(request_output)
+
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = cfg = (config or EngineConfig(**kwargs)).resolved()
         if cfg.async_scheduling is not False:  # chapter 17: on or off, settled before loading
@@ -364,6 +380,7 @@ class LLMEngine(InputProcessor):
             self.stops.append(self.overlap.closer())
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self.last_iteration = IterationStats(0, 0, 0)  # the newest step's token counts
+        freeze_gc_heap()
 
     def make_generator(self, seed: int | None):
         "A seeded request's own RNG, on the engine's device."
@@ -435,22 +452,25 @@ class LLMEngine(InputProcessor):
         going_on = []  # (request, scheduled tokens, new tokens up to a stop, their text)
         later = {}  # chapter 17: the placeholders of steps after this one, still in flight
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
-            if req in errors or req.finished:  # (finished: aborted while it ran, chapter 17)
+            if req.finished:  # failed above, or (chapter 17) aborted while it ran
                 continue
             if ahead:
                 later[req] = req.num_placeholders - bool(tokens)
-            req.drop_placeholders()  # this step's token is here
+            if req.num_placeholders:
+                req.drop_placeholders()  # this step's token is here
             try:
-                kept, delta = self._detokenize(req, tokens)
-                self._keep(req, kept)
+                kept, delta = req.stream.extend(tokens, req.max_tokens - req.num_output_tokens)
+                if req.processing is not None:
+                    self._keep(req, kept)
             except Exception as e:
                 outputs.append(self._fail(req, e))
                 continue
             going_on.append((req, n, kept, delta))
         reqs, ns, kept, deltas = map(list, zip(*going_on)) if going_on else ([], [], [], [])
         if ahead:
+            now = time.perf_counter()
             for req, tokens in zip(reqs, kept):
-                self.scheduler.append(req, tokens)
+                self.scheduler.append(req, tokens, now)
                 req.hold_placeholders(later[req])
         else:
             self.scheduler.update(SchedulerOutput(reqs, ns, out.preempted), kept)
@@ -458,7 +478,7 @@ class LLMEngine(InputProcessor):
             if tokens:
                 outputs.append(self._emit(req, tokens, delta))
         prefill = out.num_prefill_tokens
-        generated = sum(len(o.delta_token_ids) for o in outputs)
+        generated = sum(map(len, kept))
         self.last_iteration = IterationStats(self.last_iteration.index + 1, prefill, generated)
         return outputs
 
@@ -493,17 +513,10 @@ class LLMEngine(InputProcessor):
                 errors[req] = e
         return sampled, errors
 
-    def _detokenize(self, req: Request, tokens: list[int]) -> tuple[list[int], str]:
-        """Detokenize the new tokens and check the stop conditions after each; keep the tokens up to
-        the first stop (or the length limit) and return them with their text."""
-        return req.stream.extend(tokens, req.max_tokens - req.num_output_tokens)
-
     def _keep(self, req: Request, kept: list[int]):
         """Chapter 12b: keep the logprobs of the tokens kept, and move the request's grammar past
         them."""
         state = req.processing
-        if state is None:
-            return
         if state.new_logprobs:
             state.logprobs += state.new_logprobs[: len(kept)]
             state.new_logprobs = []
@@ -517,7 +530,7 @@ class LLMEngine(InputProcessor):
                 self.kv_connector.finished(req)
             self.scheduler.finish(req, req.stream.finish_reason)
             self.requests.pop(req.request_id, None)
-        return request_output(req, delta, tokens)
+        return self.make_output(req, delta, tokens)
 
     def _fail(self, req: Request, error: Exception) -> RequestOutput:
         "End one request with an error (logged with its traceback); no other request is touched."
@@ -526,7 +539,7 @@ class LLMEngine(InputProcessor):
         req.error = str(error) if req.bad_request else f"{type(error).__name__}: {error}"
         self.scheduler.finish(req, "error")
         self.requests.pop(req.request_id, None)
-        return request_output(req)
+        return self.make_output(req)
 
     def shutdown(self):
         """Stop what the engine runs beside this process (chapter 11's workers, chapter 14's

@@ -211,9 +211,12 @@ class ModelRunner:
         batch = self.prepare(out)
         rows = [i for i, s in enumerate(out.samples) if s]
         sampled = self.sample(out, batch, self.logits(batch), rows)
+        tokens = sampled.tolist() if sampled else []  # the one read back
+        if len(rows) == len(out.requests):  # every request samples (a decode step)
+            return list(tokens)
         result = [[] for _ in out.requests]
-        for i, tokens in zip(rows, sampled.tolist() if sampled else []):  # the one read back
-            result[i] = tokens
+        for i, row in zip(rows, tokens):
+            result[i] = row
         return result
 
     def prepare(self, out: SchedulerOutput) -> FlatBatch:

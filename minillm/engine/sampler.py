@@ -44,6 +44,7 @@ class Sampler:
 
     def __init__(self, device: torch.device, seed: int = 0):
         self.generator = torch.Generator(device).manual_seed(seed)  # for requests without a seed
+        self._tensors = (None, None)  # the newest step's parameters, and their SamplingTensors
 
     def __call__(
         self, logits: torch.Tensor, requests: list, num_logits: list[int], rows: list[int]
@@ -76,6 +77,15 @@ class Sampler:
             from minillm.engine.assembly import verify_drafts
 
             return verify_drafts(logits, sampled, self.generator)
-        params = [r.params for r in reqs]
-        st = SamplingTensors.from_params(params, logits.shape[-1], logits.device)
+        st = self.tensors([r.params for r in reqs], logits.shape[-1], logits.device)
         return sample(logits, st, [r.generator for r in reqs], self.generator)[:, None]
+
+    def tensors(self, params: list, vocab_size: int, device) -> SamplingTensors:
+        """The SamplingTensors of these rows' parameters: the step before's again when they are the
+        same (as a decode step's usually are: the same requests in the same order), made anew
+        otherwise. A request's parameters never change once it is made."""
+        key, st = self._tensors
+        if key != (params, vocab_size, device):
+            st = SamplingTensors.from_params(params, vocab_size, device)
+            self._tensors = (params, vocab_size, device), st
+        return st
