@@ -9,8 +9,6 @@ __all__ = ["Sequence", "Block", "block_hash", "BlockManager"]
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from ..utils import cdiv
-
 
 # %% ../../nbs/04a_block_manager.ipynb #f391187a
 @dataclass(eq=False)
@@ -86,7 +84,7 @@ class BlockManager:
         self.hits += num_hit_tokens
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return cdiv(num_tokens, self.block_size)
+        return -(-num_tokens // self.block_size)  # cdiv's, in place: twice a request a step
 
     def peak_blocks(self, num_tokens: int) -> int:
         "The most blocks a sequence of `num_tokens` ever holds (chapter 15's windows hold fewer)."
