@@ -2941,6 +2941,10 @@ d = {
                 "engine.html#stop_all",
                 "minillm/engine/llm_engine.py",
             ),
+            "minillm.engine.llm_engine.thaw_gc_heap": (
+                "engine.html#thaw_gc_heap",
+                "minillm/engine/llm_engine.py",
+            ),
         },
         "minillm.engine.logits_processor": {
             "minillm.engine.logits_processor.LogitsState": (

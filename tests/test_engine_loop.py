@@ -211,3 +211,62 @@ def test_served_against_offline_refuses_switches_by_name():
 
     with pytest.raises(ValueError, match="enforce_eager"):
         served_against_offline("unused", [], enforce_eager=True)
+
+
+def test_gc_pauses_records_each_collection_while_the_engine_steps():
+    import gc
+
+    from minillm.bench.engine_loop import gc_pauses, null_engine, start_batch
+
+    engine = null_engine(4, 9, prompt_len=8, vocab_size=1024, detokenize=False)
+    start_batch(engine, 4, 9, prompt_len=8)
+    callbacks, threshold = list(gc.callbacks), gc.get_threshold()
+    gc.set_threshold(50)  # young collections every few steps
+    try:
+        pauses = gc_pauses(engine, 8)
+    finally:
+        gc.set_threshold(*threshold)
+    assert set(pauses) == {0, 1, 2} and pauses[0]
+    assert all(ms >= 0 for times in pauses.values() for ms in times)
+    assert gc.callbacks == callbacks  # its watcher is gone
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_dropped_engine_is_freed_before_the_next_one_takes_memory(tmp_path, monkeypatch):
+    """An engine freezes the heap it starts with (`freeze_gc_heap`), itself included: one dropped
+    while in a reference cycle is freed when the next engine starts, before its runner takes its
+    memory, and `shutdown` gives the heap back to the collector."""
+    import gc
+    import weakref
+
+    import minillm.engine.llm_engine as llm_engine
+    from minillm.bench.random_models import random_model_dir
+    from minillm.llm import LLM
+
+    path = random_model_dir(tmp_path, "SmolLM2-135M", weights=False, num_hidden_layers=1)
+    engine = dict(load_format="dummy", dtype="float32", num_kv_blocks=16)
+    first = LLM(str(path), **engine)
+    assert gc.get_freeze_count() > 0
+    first.engine.itself = first.engine  # a cycle: only the collector can free it
+    ref = weakref.ref(first.engine)
+    del first
+    gc.collect()
+    assert ref() is not None  # frozen: out of the collector's sight
+    freed_first = []
+    make = llm_engine.create_model_runner
+
+    def runner(*args):
+        freed_first.append(ref() is None)
+        return make(*args)
+
+    monkeypatch.setattr(llm_engine, "create_model_runner", runner)
+    second = LLM(str(path), **engine)
+    assert freed_first == [True]
+    second.engine.itself = second.engine
+    ref = weakref.ref(second.engine)
+    second.shutdown()
+    del second
+    gc.collect()
+    assert ref() is None

@@ -13,6 +13,7 @@ __all__ = [
     "IterationStats",
     "stop_all",
     "freeze_gc_heap",
+    "thaw_gc_heap",
     "InputProcessor",
     "LLMEngine",
 ]
@@ -192,14 +193,18 @@ def stop_all(stops: list):
 
 
 def freeze_gc_heap():
-    """Collect once, then keep every object alive now out of later collections (vLLM's
-    `freeze_gc_heap`): a started engine's model, tokenizer and block records are hundreds of
-    thousands of objects that each full collection would walk again, a pause of a step's time many
-    times over (chapter 17 measures it). What an earlier engine's heap left frozen is unfrozen and
-    collected first."""
+    """Keep every object alive now out of later collections (vLLM's `freeze_gc_heap`): a started
+    engine's model, tokenizer and block records are hundreds of thousands of objects that each full
+    collection would walk again, a pause of a step's time many times over (chapter 17 measures
+    it)."""
+    gc.freeze()
+
+
+def thaw_gc_heap():
+    """Put what an earlier engine froze back under the collector, and collect: an engine dropped
+    since (its KV pool too) is freed before the next one takes its memory."""
     gc.unfreeze()
     gc.collect()
-    gc.freeze()
 
 
 class InputProcessor:
@@ -297,6 +302,7 @@ class LLMEngine(InputProcessor):
     make_output = staticmethod(request_output)
 
     def __init__(self, config: EngineConfig | None = None, **kwargs):
+        thaw_gc_heap()  # first what engines dropped since the last froze the heap
         self.config = cfg = (config or EngineConfig(**kwargs)).resolved()
         if cfg.async_scheduling is not False:  # chapter 17: on or off, settled before loading
             from minillm.engine.overlap import async_scheduling
@@ -543,5 +549,8 @@ class LLMEngine(InputProcessor):
 
     def shutdown(self):
         """Stop what the engine runs beside this process (chapter 11's workers, chapter 14's
-        connector); safe to call twice. Garbage collection of the engine calls it too."""
+        connector); safe to call twice. Garbage collection of the engine calls it too. The heap
+        frozen since the engine started is the collector's again, so that a dropped engine is
+        collected."""
         self._finalizer()
+        gc.unfreeze()
