@@ -45,9 +45,13 @@ def wire_request(req: Request) -> tuple:
 def wire_output(req: Request, delta_text: str = "", delta_ids=()) -> tuple:
     """A request's output of one step as the core sends it (vLLM's EngineCoreOutput), made in
     `request_output`'s place (`as_core`): the new token ids and what changed, no text; the new
-    tokens' times, not the request's whole list."""
+    tokens' times, not the request's whole list. A running request's later outputs, where nothing
+    but its tokens changes (no logprobs, no drafts, never preempted), are (id, ids, times) alone."""
     new, done, state = len(delta_ids), req.finished, req.processing
     first = req.num_output_tokens == new  # its first output
+    times = req.token_times[len(req.token_times) - new :] if new else []
+    if not (done or first or state or req.num_preemptions or req.num_draft_tokens):
+        return req.request_id, list(delta_ids), times
     logprobs = state.logprobs if state else None
     counts = (
         req.num_cached_tokens,
@@ -59,7 +63,7 @@ def wire_output(req: Request, delta_text: str = "", delta_ids=()) -> tuple:
     return (
         req.request_id,
         list(delta_ids),
-        req.token_times[len(req.token_times) - new :] if new else [],
+        times,
         done,
         req.finish_reason,
         req.stream.stop_reason,
@@ -89,6 +93,7 @@ class RequestState:
     times: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     prompt_logprobs: list | None = None
+    counts: tuple = ()  # the core's counts in its newest full output (`wire_output`)
 
 
 class OutputProcessor:
@@ -105,11 +110,14 @@ class OutputProcessor:
     def process(self, wire: tuple) -> tuple[RequestOutput | None, bool]:
         """The output the engine would have made of one core output (None for a request no longer
         followed), and whether the core must abort the request (a stop string ended it here)."""
+        if (st := self.states.get(wire[0])) is None:
+            return None, False
+        if len(wire) == 3:  # its tokens alone: nothing else changed since its last full output
+            wire = (*wire, False, None, None, None, False, False, st.counts, None, None)
         rid, ids, times, done, reason, stop_reason, error, bad, first, counts, logprobs, prompts = (
             wire
         )
-        if (st := self.states.get(rid)) is None:
-            return None, False
+        st.counts = counts
         req, stream = st.request, st.request.stream
         kept, delta = stream.extend(ids, req.max_tokens - len(st.ids)) if ids else ([], "")
         st.ids += kept
