@@ -927,6 +927,10 @@ d = {
                 "scheduler.html#scheduler.num_unfinished",
                 "minillm/core/scheduler.py",
             ),
+            "minillm.core.scheduler.Scheduler.record": (
+                "scheduler.html#scheduler.record",
+                "minillm/core/scheduler.py",
+            ),
             "minillm.core.scheduler.Scheduler.rewind": (
                 "scheduler.html#scheduler.rewind",
                 "minillm/core/scheduler.py",

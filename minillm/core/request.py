@@ -91,11 +91,12 @@ class Request(Sequence):
     @property
     def is_prefilling(self) -> bool:
         "Are its next tokens prompt tokens (its prompt, or all it had when it was preempted)?"
-        return self.num_computed_tokens < self.prompt_len or self.num_pending_tokens > 1
+        computed = self.num_computed_tokens
+        return computed < self.prompt_len or len(self.token_ids) - computed > 1
 
     @property
     def finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status is RequestStatus.FINISHED
 
     @property
     def processes_logits(self) -> bool:

@@ -105,11 +105,15 @@ class Scheduler:
         """Step 1: every running request its tokens, decodes first; preempt the newest while blocks
         run out."""
         preempted = set()
-        decodes_first = sorted(self.running, key=lambda r: r.num_pending_tokens > 1)  # stable
-        for req in decodes_first:
+        plan = [(r, len(r.token_ids) - r.num_computed_tokens) for r in self.running]
+        if any(pending > 1 for _, pending in plan):
+            plan.sort(key=lambda rp: rp[1] > 1)  # decodes first (a stable sort)
+        for req, pending in plan:
+            if req in preempted:
+                continue
             lookahead = self._lookahead(req) if self.num_speculative_tokens else 0
-            n = min(req.num_pending_tokens + lookahead, budget)
-            if req in preempted or n == 0:
+            n = min(pending + lookahead, budget)
+            if n == 0:
                 continue
             if req.num_placeholders and req.num_output_tokens >= req.max_tokens:
                 continue  # done at its length once its token in flight is read (chapter 17)
@@ -202,16 +206,20 @@ class Scheduler:
         req.finish_time = time.perf_counter()
 
     def update(self, out: SchedulerOutput, sampled: list[list[int]]):
-        """After the forward pass: append each request's new tokens (none for a prompt chunk, else
-        one; with drafts, chapter 12, the accepted drafts and one more), advance its computed tokens
-        past what was verified, cache its full blocks."""
+        "After the forward pass: `record` each request's step, its new tokens `sampled`."
         now = time.perf_counter()
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
-            if req.spec_token_ids:
-                self._advance(req, n, max(0, len(tokens) - 1))
-            else:  # nothing drafted: nothing to count but its tokens
-                req.num_computed_tokens += n
-            self.append(req, tokens, now)
+            self.record(req, n, tokens, now)
+
+    def record(self, req: Request, n: int, tokens: list[int], now: float | None = None):
+        """One request's step read back (`now`: when): its `n` scheduled tokens counted computed,
+        as far as they were verified; its new `tokens` appended (none for a prompt chunk, else one;
+        with drafts, chapter 12, the accepted drafts and one more); its full blocks cached."""
+        if req.spec_token_ids:
+            self._advance(req, n, max(0, len(tokens) - 1))
+        else:  # nothing drafted: nothing to count but its tokens
+            req.num_computed_tokens += n
+        self.append(req, tokens, now)
 
     def _advance(self, req: Request, n: int, accepted: int):
         "Count `n` tokens computed for it, of which its rejected drafts' K/V do not count."

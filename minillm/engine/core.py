@@ -47,11 +47,12 @@ def wire_output(req: Request, delta_text: str = "", delta_ids=()) -> tuple:
     `request_output`'s place (`as_core`): the new token ids and what changed, no text; the new
     tokens' times, not the request's whole list. A running request's later outputs, where nothing
     but its tokens changes (no logprobs, no drafts, never preempted), are (id, ids, times) alone."""
-    new, done, state = len(delta_ids), req.finished, req.processing
+    new, state = len(delta_ids), req.processing
     first = req.num_output_tokens == new  # its first output
-    times = req.token_times[len(req.token_times) - new :] if new else []
-    if not (done or first or state or req.num_preemptions or req.num_draft_tokens):
+    times = req.token_times[-new:] if new else []
+    if not (first or state or req.num_preemptions or req.num_draft_tokens or req.finished):
         return req.request_id, list(delta_ids), times
+    done = req.finished
     logprobs = state.logprobs if state else None
     counts = (
         req.num_cached_tokens,

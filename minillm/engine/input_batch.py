@@ -31,7 +31,8 @@ class InputBatch:
         self.row_of: dict[Sequence, int] = {}
         self.free_rows = list(reversed(range(rows)))
         # per group and row: the list the row was written from, and how many of its entries
-        self.written = [[(None, 0)] * rows for _ in windows]
+        self.sources = [[None] * rows for _ in windows]
+        self.lengths = [[0] * rows for _ in windows]
 
     def block_tables(self, seqs: list[Sequence]) -> list[torch.Tensor]:
         "Each group's block tables of `seqs`, a row each, as wide as the longest: up to date."
@@ -50,12 +51,15 @@ class InputBatch:
 
     def _rows(self, seqs: list[Sequence]) -> list[int]:
         "Each sequence's row: its own from the steps before, or a free one; the others' freed."
+        rows = [self.row_of.get(s) for s in seqs]
+        if None not in rows and len(rows) == len(self.row_of):  # the sequences of the step before
+            return rows
         step = set(seqs)
         for seq in [s for s in self.row_of if s not in step]:
             row = self.row_of.pop(seq)
             self.free_rows.append(row)
-            for written in self.written:
-                written[row] = (None, 0)
+            for sources, lengths in zip(self.sources, self.lengths):
+                sources[row], lengths[row] = None, 0
         for seq in seqs:
             if seq not in self.row_of:
                 if not self.free_rows:
@@ -65,18 +69,22 @@ class InputBatch:
 
     def _write(self, g: int, lists: list[list[int]], rows: list[int]):
         """Bring group `g`'s `rows` up to date with `lists`: the entries each list gained since its
-        row was written, or all of them (the row cleared first) for a list the row never saw."""
-        written, cleared, at_row, at_col, values = self.written[g], [], [], [], []
-        for table, row in zip(lists, rows):
-            source, n = written[row]
-            if source is not table or n > len(table):
+        row was written, or all of them (the row cleared first) for a list the row never saw. Only
+        the rows whose list changed are visited (in a decode step, a sequence in `block_size`)."""
+        sources, lengths = self.sources[g], self.lengths[g]
+        cleared, at_row, at_col, values = [], [], [], []
+        changed = [
+            (t, r) for t, r in zip(lists, rows) if t is not sources[r] or len(t) != lengths[r]
+        ]
+        for table, row in changed:
+            n = lengths[row]
+            if sources[row] is not table or n > len(table):
                 cleared.append(row)
                 n = 0
-            if len(table) > n:
-                at_row += [row] * (len(table) - n)
-                at_col += range(n, len(table))
-                values += table[n:]
-            written[row] = (table, len(table))
+            at_row += [row] * (len(table) - n)
+            at_col += range(n, len(table))
+            values += table[n:]
+            sources[row], lengths[row] = table, len(table)
         if at_col and max(at_col) >= self.tables[g].shape[1]:
             self._grow(width=2 * max(at_col) + 1)
         if cleared:
@@ -92,5 +100,6 @@ class InputBatch:
         for g, table in enumerate(self.tables):
             self.tables[g] = torch.zeros(rows, width, dtype=torch.int32)
             self.tables[g][:old_rows, :old_width] = table
-            self.written[g] += [(None, 0)] * (rows - old_rows)
+            self.sources[g] += [None] * (rows - old_rows)
+            self.lengths[g] += [0] * (rows - old_rows)
         self.free_rows += reversed(range(old_rows, rows))

@@ -455,13 +455,11 @@ class LLMEngine(InputProcessor):
         stop, appended, and sent; a failed request ended alone. `ahead`: the step's tokens were
         already counted computed, with placeholders for its new tokens (chapter 17)."""
         outputs = [self._fail(req, e) for req, e in errors.items()]
-        going_on = []  # (request, scheduled tokens, new tokens up to a stop, their text)
-        later = {}  # chapter 17: the placeholders of steps after this one, still in flight
+        now, generated = time.perf_counter(), 0
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
             if req.finished:  # failed above, or (chapter 17) aborted while it ran
                 continue
-            if ahead:
-                later[req] = req.num_placeholders - bool(tokens)
+            later = req.num_placeholders - bool(tokens)  # chapter 17: of steps still in flight
             if req.num_placeholders:
                 req.drop_placeholders()  # this step's token is here
             try:
@@ -471,20 +469,15 @@ class LLMEngine(InputProcessor):
             except Exception as e:
                 outputs.append(self._fail(req, e))
                 continue
-            going_on.append((req, n, kept, delta))
-        reqs, ns, kept, deltas = map(list, zip(*going_on)) if going_on else ([], [], [], [])
-        if ahead:
-            now = time.perf_counter()
-            for req, tokens in zip(reqs, kept):
-                self.scheduler.append(req, tokens, now)
-                req.hold_placeholders(later[req])
-        else:
-            self.scheduler.update(SchedulerOutput(reqs, ns, out.preempted), kept)
-        for req, tokens, delta in zip(reqs, kept, deltas):
-            if tokens:
-                outputs.append(self._emit(req, tokens, delta))
+            if ahead:  # counted computed already: its tokens take their places
+                self.scheduler.append(req, kept, now)
+                req.hold_placeholders(later)
+            else:
+                self.scheduler.record(req, n, kept, now)
+            if kept:
+                generated += len(kept)
+                outputs.append(self._emit(req, kept, delta))
         prefill = out.num_prefill_tokens
-        generated = sum(map(len, kept))
         self.last_iteration = IterationStats(self.last_iteration.index + 1, prefill, generated)
         return outputs
 
