@@ -4743,6 +4743,7 @@ d = {
                 "sampling.html#make_generator",
                 "minillm/sampling.py",
             ),
+            "minillm.sampling.row_argmax": ("sampling.html#row_argmax", "minillm/sampling.py"),
             "minillm.sampling.sample": ("sampling.html#sample", "minillm/sampling.py"),
             "minillm.sampling.sampling_probs": (
                 "sampling.html#sampling_probs",

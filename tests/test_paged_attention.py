@@ -59,6 +59,25 @@ def test_flat_batch_layout():
     assert batch.logits_indices.tolist() == [1, 4]
 
 
+def test_flat_batch_refuses_a_sequence_without_its_blocks_or_tokens():
+    "Each of the three conditions names the sequence that breaks it, wherever it is in the batch."
+    bm = BlockManager(8, 4)
+    seqs = [Sequence(i, list(range(10 * i, 10 * i + 5))) for i in range(3)]
+    for s in seqs:
+        bm.allocate(s, 4)  # one block: the fifth token has none
+    build_flat_batch(seqs, [4, 4, 4], 4)  # the first four tokens fit
+    with pytest.raises(ValueError, match=r"sequence 1: tokens \[0, 5\)"):
+        build_flat_batch(seqs, [4, 5, 4], 4)
+    with pytest.raises(ValueError, match=r"sequence 2: tokens \[0, 0\)"):
+        build_flat_batch(seqs, [4, 4, 0], 4)
+    bm.allocate(seqs[0], 8)  # room for drafts after its five tokens, but none drafted
+    seqs[0].num_computed_tokens = 4
+    with pytest.raises(ValueError, match=r"sequence 0: tokens \[4, 6\)"):
+        build_flat_batch(seqs, [2, 4, 4], 4)
+    seqs[0].spec_token_ids = [7]
+    assert build_flat_batch(seqs, [2, 4, 4], 4).input_ids.tolist()[:2] == [4, 7]
+
+
 def test_model_on_paged_cache_equals_transformers(model_dir, tokenizer, hf_model):
     """Prompts of different lengths prefilled in one flat batch, decoded together; prefix hits on a
     second round."""

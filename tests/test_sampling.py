@@ -6,7 +6,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minillm.detokenizer import TextStream
-from minillm.sampling import SamplingParams, SamplingTensors, filtered_probs, make_generator, sample
+from minillm.sampling import (
+    SamplingParams,
+    SamplingTensors,
+    filtered_probs,
+    make_generator,
+    row_argmax,
+    sample,
+)
 
 V = 64
 
@@ -175,3 +182,23 @@ def test_extreme_but_valid_params_sample_sensibly():
     assert torch.equal(
         filtered_probs(logits[1], params[1]) > 0, torch.arange(50) == logits[1].argmax()
     )
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    rows=st.integers(1, 9),
+    width=st.one_of(st.integers(1, 1023), st.integers(1024, 5000)),  # torch's path, the blocks'
+    levels=st.sampled_from([2, 5, 1000]),
+    specials=st.integers(0, 6),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+)
+def test_row_argmax_is_torchs_first_maximum(seed, rows, width, levels, specials, dtype):
+    "Ties (few levels), NaNs, infinities, any width and dtype: the index torch's argmax gives."
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (rows, width), generator=g).to(dtype)
+    at = torch.randint(0, rows * width, (specials,), generator=g)
+    values = torch.tensor([float("nan"), float("inf"), float("-inf")])[at % 3].to(dtype)
+    x.view(-1)[at] = values
+    assert torch.equal(row_argmax(x), x.argmax(-1))
+    wider = torch.cat([x, x], 1)[:, :width]  # a view whose rows are not contiguous with each other
+    assert torch.equal(row_argmax(wider), wider.argmax(-1))

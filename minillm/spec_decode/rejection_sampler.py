@@ -9,7 +9,7 @@ __all__ = ["greedy_accept", "rejection_sample", "verify_drafts"]
 import torch
 
 from ..attention.input_batch import SampleRows
-from ..sampling import SamplingTensors, exponential_noise, sampling_probs
+from ..sampling import SamplingTensors, exponential_noise, row_argmax, sampling_probs
 
 
 def greedy_accept(target: list[int], drafts: list[int]) -> list[int]:
@@ -51,7 +51,7 @@ def verify_drafts(
     width = max(map(len, spans))
     rows = [[s.start + min(j, len(s) - 1) for j in range(width)] for s in spans]
     drafts = [r.spec_token_ids + [-1] * (width - 1 - len(r.spec_token_ids)) for r in reqs]
-    target = logits.argmax(-1)[torch.tensor(rows, device=device)]  # [requests, width]
+    target = row_argmax(logits)[torch.tensor(rows, device=device)]  # [requests, width]
     # greedy_accept for every request at once: drafts kept while they match the target, whose
     # next token follows; -1 (padding) matches no token
     match = target[:, :-1] == torch.tensor(drafts, device=device).view(len(reqs), width - 1)
