@@ -95,8 +95,7 @@ class Request(Sequence):
     @property
     def is_prefilling(self) -> bool:
         "Are its next tokens prompt tokens (its prompt, or all it had when it was preempted)?"
-        computed = self.num_computed_tokens
-        return computed < self.prompt_len or len(self.token_ids) - computed > 1
+        return self.num_computed_tokens < self.prompt_len or self.num_pending_tokens > 1
 
     @property
     def finished(self) -> bool:

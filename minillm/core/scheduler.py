@@ -105,7 +105,7 @@ class Scheduler:
         """Step 1: every running request its tokens, decodes first; preempt the newest while blocks
         run out."""
         preempted = set()
-        plan = [(r, len(r.token_ids) - r.num_computed_tokens) for r in self.running]
+        plan = [(r, r.num_pending_tokens) for r in self.running]
         if any(pending > 1 for _, pending in plan):
             plan.sort(key=lambda rp: rp[1] > 1)  # decodes first (a stable sort)
         for req, pending in plan:

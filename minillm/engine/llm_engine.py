@@ -459,7 +459,8 @@ class LLMEngine(InputProcessor):
         for req, n, tokens in zip(out.requests, out.num_tokens, sampled):
             if req.finished:  # failed above, or (chapter 17) aborted while it ran
                 continue
-            later = req.num_placeholders - bool(tokens)  # chapter 17: of steps still in flight
+            if ahead:  # chapter 17: its placeholders of the steps still in flight
+                later = req.num_placeholders - bool(tokens)
             if req.num_placeholders:
                 req.drop_placeholders()  # this step's token is here
             try:
