@@ -281,6 +281,7 @@ def cmd_serve(args):
             "root_path": args.root_path,
         },
         engine_process=args.engine_process,
+        access_log=not args.disable_uvicorn_access_log,
         **engine_kwargs(args),
     )
 
@@ -616,6 +617,11 @@ def _serve_command(sub):
         help="the model name clients send (default: a hub id as given, a directory's name)",
     )
     s.add_argument("--log-level", default="info")
+    s.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="no access-log line per request (vLLM's flag of the same name)",
+    )
     s.add_argument(
         "--protect-metrics", action="store_true", help="require the API key on /metrics too"
     )

@@ -4,7 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from helpers import minillm_serve
 
 MINILLM = str(Path(sys.executable).parent / "minillm")
 
@@ -126,3 +128,14 @@ def test_speculative_config_must_be_a_json_object(capsys):
         with pytest.raises(SystemExit):
             parser().parse_args(["serve", "--speculative-config", bad])
         assert "--speculative-config must be" in capsys.readouterr().err
+
+
+def test_uvicorn_access_log_can_be_disabled(random_llama, tmp_path):
+    "--disable-uvicorn-access-log (vLLM's flag): no line per request, which is there without it."
+    lines = {}
+    for flags in ([], ["--disable-uvicorn-access-log"]):
+        log = tmp_path / f"serve{len(flags)}.log"
+        with minillm_serve(random_llama[0], log, "--log-level", "info", *flags) as (base, _):
+            assert httpx.get(f"{base}/v1/models").status_code == 200
+        lines[bool(flags)] = [s for s in log.read_text().splitlines() if "GET /v1/models" in s]
+    assert lines[False] and not lines[True], lines

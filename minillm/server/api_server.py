@@ -159,11 +159,14 @@ def serve(
     protect_metrics: bool = False,
     api_options: dict | None = None,
     engine_process: bool = False,
+    access_log: bool = True,
     **engine_kwargs,
 ):
     """Load a model and serve it over the OpenAI API until interrupted; `api_options`:
     build_app's tool, chat template, pooling, tokenizer-info and root path settings;
-    `engine_process`: the engine core in a process of its own (chapter 17)."""
+    `engine_process`: the engine core in a process of its own (chapter 17); `access_log=False`:
+    no line per request from uvicorn (vLLM's --disable-uvicorn-access-log), whose arguments it
+    formats for each response even when the log level drops the line."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
@@ -187,6 +190,13 @@ def serve(
     gc.collect()
     gc.freeze()
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=access_log,
+            timeout_graceful_shutdown=5,
+        )
     finally:
         gc.unfreeze()  # the interpreter's exit frees the heap as usual
