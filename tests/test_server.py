@@ -96,6 +96,32 @@ def test_streams_equal_non_streamed(client):
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == full
 
 
+def test_special_tokens_stream_a_chunk_each(server, client, offline):
+    """A token whose text is empty (a special one, skipped) still gets its chunk, as vLLM streams
+    it; the load generator counts such a stream's tokens, as vLLM's `bench serve` does."""
+    import asyncio
+
+    from minillm.bench.online import ServingRequest, send_request
+
+    eos = min(offline.engine.eos_token_ids)
+    body = dict(ignore_eos=True, logit_bias={str(eos): 100.0})
+    kw = dict(model=NAME, prompt="Once upon a time", max_tokens=5, temperature=0, stream=True)
+    kw |= dict(stream_options={"include_usage": True}, extra_body=body)
+    chunks = list(client.completions.create(**kw))
+    tokens = [c.choices[0] for c in chunks if c.choices]
+    assert len(tokens) == 5 and all(c.text == "" for c in tokens)
+    assert tokens[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 5
+
+    async def one():
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(timeout=60, headers=headers) as http:
+            req = ServingRequest("Once upon a time", 4, 5)
+            return await send_request(http, f"{server}/v1/completions", NAME, req, body)
+
+    r = asyncio.run(one())
+    assert r.success and r.output_tokens == 5 and len(r.itl) == 3, r  # the 5th: the finish chunk
+
+
 def test_stop_seed_and_n(client):
     r = client.completions.create(
         model=NAME, prompt="1, 2, 3, 4,", temperature=0, max_tokens=30, stop=["7"]

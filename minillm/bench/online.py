@@ -146,7 +146,11 @@ async def send_request(
                 if msg.get("error"):
                     raise RuntimeError(str(msg["error"]))
                 now = time.perf_counter()
-                if msg.get("choices") and msg["choices"][0].get("text"):
+                choice = (msg.get("choices") or [{}])[0]
+                # a token's chunk: text, or none yet (a special token, a held-back stop string)
+                # before the finish; a finish chunk of its own carries no token, unless first
+                token = choice.get("finish_reason") is None or chunks == 0
+                if choice.get("text") or choice and token:
                     if chunks == 0:
                         r.ttft = now - st
                     else:
@@ -159,7 +163,7 @@ async def send_request(
         r.prompt_len = usage.get("prompt_tokens") or r.prompt_len
         r.success = chunks > 0
         if not r.success:
-            r.error = "no text in the stream"
+            r.error = "no chunk in the stream"
     except Exception as e:
         r.error = f"{type(e).__name__}: {e}"
     return r

@@ -380,7 +380,10 @@ class Responder:
                     delta = fields | delta
                     if delta or extra.get("logprobs") or extra.get("token_ids") or finish:
                         yield self._chunk(index, delta, finish, extra | stop, top=usage)
-                elif fields or text or out.finished:
+                elif fields or text or out.finished or (out.delta_token_ids and not self.reasoning):
+                    # a chunk for every step that made tokens (as vLLM streams), its text empty
+                    # while a stop string may begin or a character is incomplete; a reasoning
+                    # parser's silence (its tags) makes none
                     delta = fields | self._delta(text)
                     yield self._chunk(index, delta, finish, stop, top=usage)
         except Exception as e:
