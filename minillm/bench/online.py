@@ -146,11 +146,12 @@ async def send_request(
                 if msg.get("error"):
                     raise RuntimeError(str(msg["error"]))
                 now = time.perf_counter()
-                choice = (msg.get("choices") or [{}])[0]
+                choice = (msg.get("choices") or [None])[0]
                 # a token's chunk: text, or none yet (a special token, a held-back stop string)
                 # before the finish; a finish chunk of its own carries no token, unless first
-                token = choice.get("finish_reason") is None or chunks == 0
-                if choice.get("text") or choice and token:
+                if choice and (
+                    choice.get("text") or choice.get("finish_reason") is None or chunks == 0
+                ):
                     if chunks == 0:
                         r.ttft = now - st
                     else:
