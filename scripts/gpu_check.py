@@ -870,6 +870,7 @@ def run_loop(run: Run, record: dict):
         str(path),
         requests,
         repeats=1 if dry else 2,
+        warmup=0 if dry else 1,
         log=str(run.out / "served.log"),
         load_format="dummy",
         dtype="float32" if dry else "bfloat16",

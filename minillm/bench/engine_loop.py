@@ -356,15 +356,22 @@ def profile_summary(prof, device_type: str, steps: int, wall_ms: float) -> dict:
 
 # %% ../../nbs/17_engine_loop.ipynb #c17051
 def served_against_offline(
-    model: str, requests, repeats: int = 3, log=None, servers: dict | None = None, **engine
+    model: str,
+    requests,
+    repeats: int = 3,
+    warmup: int = 1,
+    log=None,
+    servers: dict | None = None,
+    **engine,
 ) -> dict:
     """The same requests offline (`LLM.generate`, all at once) and served (`minillm serve`, all
     streaming at once through vLLM's `bench serve` client, /v1/completions), greedy, each making
     its output length (ignore_eos), on one engine's settings `engine`: LLM's keywords that take a
     value, each passed to the server as `--name=value`. `servers`: name -> more flags of `minillm
-    serve`, one server each (default {"served": []}). Output tok/s offline and of each server over
-    `repeats` runs, and each server's median TPOT (ms, one stream's time per token after its
-    first)."""
+    serve`, one server each (default {"served": []}), its access log off as vLLM's benchmarks run
+    theirs. Output tok/s offline and of each server over `repeats` runs, each side's `warmup` runs
+    before them untimed (a process's first run pays for what it sets up lazily), and each server's
+    median TPOT (ms, one stream's time per token after its first)."""
     switches = [k for k, v in engine.items() if isinstance(v, bool)]
     if switches:
         raise ValueError(
@@ -379,7 +386,8 @@ def served_against_offline(
     from minillm.llm import LLM
 
     llm = LLM(model, **engine)
-    offline = [throughput_benchmark(llm, requests, 0.0) for _ in range(repeats)]
+    runs = range(warmup + repeats)
+    offline = [throughput_benchmark(llm, requests, 0.0) for _ in runs][warmup:]
     tokenizer = llm.engine.tokenizer
     llm.shutdown()
     del llm  # its memory (a GPU's KV pool, its graphs) back before the server takes its own
@@ -393,15 +401,16 @@ def served_against_offline(
         # this interpreter runs the command line: no installed `minillm` script needed (a GPU
         # host's checkout on PYTHONPATH has none)
         cmd = [sys.executable, "-c", "from minillm.cli import main; main()", "serve"]
-        cmd += ["--model", model, "--port", str(port), "--log-level", "warning", *flags, *more]
+        cmd += ["--model", model, "--port", str(port), "--log-level", "warning"]
+        cmd += ["--disable-uvicorn-access-log", *flags, *more]
         url = f"http://127.0.0.1:{port}/v1"
         with ServerProcess(cmd, url, log=log):
-            served = [
-                serve_benchmark(url, tokenizer, requests, ignore_eos=True) for _ in range(repeats)
-            ]
+            served = [serve_benchmark(url, tokenizer, requests, ignore_eos=True) for _ in runs]
         failed = sum(r["failed"] for r in served)
         if failed:
-            raise RuntimeError(f"{failed} requests to {name} failed: {served[0]['errors'][:3]}")
+            errors = [e for r in served for e in r["errors"]]
+            raise RuntimeError(f"{failed} requests to {name} failed: {errors[:3]}")
+        served = served[warmup:]
         result[f"{name}_tok_s"] = [r["output_throughput"] for r in served]
         result[f"{name}_tpot_ms"] = [r["median_tpot_ms"] for r in served]
         result["output_tokens"] += [r["total_output_tokens"] for r in served]
