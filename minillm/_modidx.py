@@ -543,6 +543,7 @@ d = {
             "minillm.cli.json_object": ("cli.html#json_object", "minillm/cli.py"),
             "minillm.cli.main": ("cli.html#main", "minillm/cli.py"),
             "minillm.cli.parser": ("cli.html#parser", "minillm/cli.py"),
+            "minillm.cli.print_floor": ("cli.html#print_floor", "minillm/cli.py"),
             "minillm.cli.take_model_tag": ("cli.html#take_model_tag", "minillm/cli.py"),
         },
         "minillm.core.block_manager": {

@@ -21,6 +21,7 @@ __all__ = [
     "cmd_bench",
     "cmd_bench_online",
     "cmd_bench_throughput",
+    "print_floor",
     "cmd_bench_latency",
     "cmd_bench_overhead",
     "cmd_bench_serve",
@@ -390,16 +391,23 @@ def cmd_bench_throughput(args):
     result["model_id"] = llm.engine.model_name
     print_throughput(result)
     result |= run_floor(llm, [len(p) for p, _ in requests], [n for _, n in requests])
-    share = result["output_tokens_per_second"] / result["floor_output_tokens_per_second"]
-    print(  # chapter 17: what every step must read, at this device's measured bandwidth
-        f"Floor: {result['floor_output_tokens_per_second']:.2f} output tokens/s "
-        f"(the weights and the K/V at {result['bandwidth_GBps']:.0f} GB/s); this run: {share:.1%}"
-    )
+    print_floor(result, result["elapsed_time"])
     if args.output_json:
         write_json(args.output_json, result)
 
 
+def print_floor(floor: dict, seconds: float):
+    """Chapter 17's floor of a run (`run_floor`: what its steps must read, at this device's
+    measured bandwidth) and the share of it a run that took `seconds` reached."""
+    share = floor["floor_seconds"] / seconds
+    print(
+        f"Floor: {floor['floor_output_tokens_per_second']:.2f} output tokens/s (the weights and "
+        f"the K/V at {floor['bandwidth_GBps']:.0f} GB/s); this run: {share:.1%}"
+    )
+
+
 def cmd_bench_latency(args):
+    from minillm.bench.engine_loop import run_floor
     from minillm.bench.vllm_bench import latency_benchmark, print_latency, write_json
     from minillm.llm import LLM
 
@@ -415,6 +423,9 @@ def cmd_bench_latency(args):
     )
     result["model_id"] = llm.engine.model_name
     print_latency(result)
+    batch = args.batch_size
+    result |= run_floor(llm, [args.input_len] * batch, [args.output_len] * batch)
+    print_floor(result, result["avg_latency"])
     if args.output_json:
         write_json(args.output_json, result)
 

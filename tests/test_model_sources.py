@@ -213,7 +213,9 @@ def test_vllm_bench_throughput_and_latency(tmp_path, capsys):
         "90",
         "99",
     }
-    assert "Avg latency:" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "Avg latency:" in text and "Floor: " in text
+    assert 0 < r["floor_seconds"] < r["avg_latency"]  # no run reads less than its floor
 
 
 def test_vllm_random_dataset_draws_as_vllm(tokenizer):
